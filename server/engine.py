@@ -1,0 +1,263 @@
+"""The inference engine: a thin wrapper around vLLM's AsyncLLM, one per process.
+
+Token ids in, streamed token ids (+ logprobs and text) out. The API server and RL rollouts both go through
+`TokenEngine`, so the agent loop never re-tokenizes history and tests can swap in a scripted engine that
+speaks the same interface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rstar.config import EngineSettings
+
+
+class EngineNotInstalled(RuntimeError):
+    """vLLM is missing: neither the `cpu` nor the `gpu` extra is installed."""
+
+
+class EngineFailed(RuntimeError):
+    """The engine is in a state it cannot serve from (for example a failed weight reload)."""
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """What one generation may sample; maps one to one onto vLLM's SamplingParams."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None  # None: no logprobs; 0: the sampled token's; k: plus the top k
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+
+@dataclass
+class TokenDelta:
+    """The tokens one generation produced since its previous delta."""
+
+    token_ids: list[int]
+    text: str
+    logprobs: list[float] | None = None  # sampled token's logprob, one per token id
+    top_logprobs: list[dict[int, float]] | None = None  # per token: {token id: logprob}, top k
+    finished: bool = False
+    finish_reason: str | None = None  # "stop", "length" or "abort" once finished
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
+    num_prompt_tokens: int = 0
+
+
+@dataclass
+class EngineStats:
+    """What a scheduler needs to decide whether to send more work."""
+
+    unfinished: int  # requests the frontend still tracks (added, not yet finished or aborted)
+    running: int  # scheduled in the last engine step
+    waiting: int
+    kv_cache_usage: float  # 0..1
+    weight_version: int = 0
+
+
+class TokenEngine(Protocol):
+    """The interface the server and RL use; `VllmEngine` is the real one."""
+
+    model_name: str
+    max_model_len: int
+    tokenizer: Any
+    weight_version: int
+
+    def generate(self, prompt_ids: Sequence[int], options: SamplingOptions, request_id: str | None = None) -> AsyncIterator[TokenDelta]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def reload_weights(self, weights_dir: str | Path) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+
+def _import_vllm():
+    try:
+        import vllm  # noqa: F401
+        from vllm.v1.engine.async_llm import AsyncLLM
+    except ImportError as exc:
+        raise EngineNotInstalled(
+            f"vLLM is not installed ({exc}). Install an engine: `bash install.sh cpu` (CPU) or `bash install.sh gpu` (CUDA)."
+        ) from exc
+    return AsyncLLM
+
+
+def _configure_cpu_environment(settings: EngineSettings) -> None:
+    """vLLM's CPU backend reads these at engine start; explicit environment values win."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_cache_gib))
+    if settings.cpu_threads_bind != "auto":
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", settings.cpu_threads_bind)
+    # On hosts without a routable interface vLLM cannot pick an address for its internal sockets.
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+
+
+def _latest_stats_logger(holder: dict):
+    """A vLLM stat-logger factory that keeps the latest scheduler stats in `holder["scheduler"]`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class LatestSchedulerStats(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if scheduler_stats is not None:
+                holder["scheduler"] = scheduler_stats
+
+        def log_engine_initialized(self):
+            pass
+
+    return LatestSchedulerStats
+
+
+@dataclass
+class VllmEngine:
+    """AsyncLLM behind the TokenEngine interface. Create with `await VllmEngine.start(...)`."""
+
+    llm: Any
+    model_name: str
+    max_model_len: int
+    tokenizer: Any
+    weight_version: int = 0
+    _stats: dict = field(default_factory=dict)
+    _failed: str | None = None
+
+    @classmethod
+    async def start(cls, model_dir: str | Path, settings: EngineSettings, served_model_name: str | None = None) -> "VllmEngine":
+        AsyncLLM = _import_vllm()
+        from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            _configure_cpu_environment(settings)
+        args = AsyncEngineArgs(
+            model=str(model_dir),
+            served_model_name=[served_model_name] if served_model_name else None,
+            dtype=settings.dtype,
+            max_model_len=settings.max_model_len,
+            max_num_seqs=settings.max_num_seqs,
+            enforce_eager=settings.enforce_eager,
+            seed=settings.seed,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            logprobs_mode=settings.logprobs_mode,
+            max_logprobs=20,
+            disable_log_stats=False,
+        )
+        holder: dict = {}
+        llm = AsyncLLM.from_engine_args(args, stat_loggers=[_latest_stats_logger(holder)])
+        return cls(
+            llm=llm,
+            model_name=served_model_name or str(model_dir),
+            max_model_len=llm.model_config.max_model_len,
+            tokenizer=llm.get_tokenizer(),
+            _stats=holder,
+        )
+
+    def _sampling_params(self, options: SamplingOptions):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            top_p=options.top_p,
+            top_k=options.top_k,
+            seed=options.seed,
+            stop=list(options.stop) or None,
+            stop_token_ids=list(options.stop_token_ids) or None,
+            logprobs=options.logprobs,
+            ignore_eos=options.ignore_eos,
+            include_stop_str_in_output=options.include_stop_str_in_output,
+            skip_special_tokens=options.skip_special_tokens,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions, request_id: str | None = None) -> AsyncIterator[TokenDelta]:
+        """Stream one sequence. Closing the iterator early (client gone, task cancelled) aborts the request."""
+        from vllm.inputs import TokensPrompt
+
+        if self._failed:
+            raise EngineFailed(self._failed)
+        request_id = request_id or uuid.uuid4().hex
+        finished = False
+        stream = self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), self._sampling_params(options), request_id)
+        try:
+            async with contextlib.aclosing(stream):
+                async for output in stream:
+                    completion = output.outputs[0]
+                    finished = output.finished
+                    yield TokenDelta(
+                        token_ids=list(completion.token_ids),
+                        text=completion.text,
+                        logprobs=_sampled_logprobs(completion) if options.logprobs is not None else None,
+                        top_logprobs=_top_logprobs(completion, options.logprobs) if options.logprobs else None,
+                        finished=finished,
+                        finish_reason=completion.finish_reason if finished else None,
+                        stop_reason=completion.stop_reason if finished else None,
+                        num_prompt_tokens=len(output.prompt_token_ids or ()),
+                    )
+        finally:
+            if not finished:
+                await self.llm.abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        await self.llm.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        scheduler = self._stats.get("scheduler")
+        return EngineStats(
+            unfinished=self.llm.get_num_unfinished_requests(),
+            running=scheduler.num_running_reqs if scheduler else 0,
+            waiting=scheduler.num_waiting_reqs if scheduler else 0,
+            kv_cache_usage=scheduler.kv_cache_usage if scheduler else 0.0,
+            weight_version=self.weight_version,
+        )
+
+    async def reload_weights(self, weights_dir: str | Path) -> None:
+        """Load new weights from a directory of safetensors files, in place, without restarting.
+
+        On vLLM CPU, `model.load_weights` after start-up fails (kernels repack parameters); the
+        worker-side `reload_weights` path works. A failed partial load leaves the model unusable, so it
+        marks the engine failed rather than serving a half-updated model.
+        """
+        weights_dir = Path(weights_dir)
+        if not any(weights_dir.glob("*.safetensors")):
+            raise FileNotFoundError(f"no *.safetensors files in {weights_dir}")
+        try:
+            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+        except Exception as exc:
+            self._failed = f"weight reload from {weights_dir} failed: {exc}; restart the engine"
+            raise EngineFailed(self._failed) from exc
+        # Cached KV blocks were computed with the old weights.
+        await self.llm.reset_prefix_cache()
+        self.weight_version += 1
+
+    async def shutdown(self) -> None:
+        """Stop the engine and its EngineCore process."""
+        self.llm.shutdown()
+
+
+def _sampled_logprobs(completion) -> list[float]:
+    logprobs = completion.logprobs or []
+    return [step[token].logprob for token, step in zip(completion.token_ids, logprobs)]
+
+
+def _top_logprobs(completion, k: int) -> list[dict[int, float]]:
+    steps = completion.logprobs or []
+    return [{token: lp.logprob for token, lp in step.items() if lp.rank is not None and lp.rank <= k} for step in steps]
