@@ -1,0 +1,1 @@
+"""Benchmark harness: registry, loaders, graders, runner, reports."""
