@@ -87,7 +87,7 @@ class TokenEngine(Protocol):
     async def shutdown(self) -> None: ...
 
 
-def _import_vllm():
+def require_vllm():
     try:
         import vllm  # noqa: F401
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -139,7 +139,7 @@ class VllmEngine:
 
     @classmethod
     async def start(cls, model_dir: str | Path, settings: EngineSettings, served_model_name: str | None = None) -> "VllmEngine":
-        AsyncLLM = _import_vllm()
+        AsyncLLM = require_vllm()
         from vllm import AsyncEngineArgs
         from vllm.platforms import current_platform
 

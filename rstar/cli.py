@@ -1,0 +1,142 @@
+"""`rstar`: the command line. Each command builds Settings (defaults < env < flags) and calls one module."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import socket
+from collections.abc import Iterator
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from rstar.config import Settings, load_settings
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Serve, evaluate and train tool-using reasoning models (rStar2-Agent).")
+model_app = typer.Typer(no_args_is_help=True, help="Model weights: pull the embedded default, check a model id.")
+config_app = typer.Typer(no_args_is_help=True, help="Configuration.")
+db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
+app.add_typer(model_app, name="model")
+app.add_typer(config_app, name="config")
+app.add_typer(db_app, name="db")
+
+console = Console(stderr=True)
+
+ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="'default' (embedded SmolLM2-135M-Instruct), a local directory or a Hugging Face id. [env: RSTAR_MODEL]")]
+
+
+class PortInUse(OSError):
+    pass
+
+
+@contextlib.contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """Errors a user can fix print as one line naming what to do, not as a traceback."""
+    from rstar.server.engine import EngineNotInstalled
+    from rstar.server.model_store import ModelNotFound, ModelPullFailed
+
+    try:
+        yield
+    except (ModelNotFound, ModelPullFailed, EngineNotInstalled, PortInUse) as exc:
+        console.print(f"[red]rstar:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _progress_printer():
+    return lambda message: console.print(f"  {message}", highlight=False)
+
+
+@model_app.command("pull")
+def model_pull(model: ModelOpt = None) -> None:
+    """Fetch the model into the cache (the embedded default: download, verify, dequantize). Idempotent."""
+    from rstar.server.model_store import resolve_model
+
+    settings = load_settings(model=model)
+    with _one_line_errors(), console.status(f"pulling {settings.model}"):
+        resolved = resolve_model(settings.model, settings.models_dir, progress=_progress_printer())
+    typer.echo(resolved.path)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Hold the port from the start, so a clash fails in a second rather than after a 40 s engine start
+    (uvicorn binds only after the app's start-up, which is where the engine loads)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(f"port {port} on {host} is already in use: stop the other server or choose another with --port (env RSTAR_PORT)") from None
+        raise
+    sock.listen(2048)
+    return sock
+
+
+@app.command()
+def serve(
+    model: ModelOpt = None,
+    host: Annotated[Optional[str], typer.Option(help="Interface to listen on. [env: RSTAR_HOST]")] = None,
+    port: Annotated[Optional[int], typer.Option(help="[env: RSTAR_PORT]")] = None,
+    api_key: Annotated[Optional[str], typer.Option(help="Require this bearer token on /v1. [env: RSTAR_API_KEY]")] = None,
+    served_model_name: Annotated[Optional[str], typer.Option(help="Model name clients send. [env: RSTAR_SERVED_MODEL_NAME]")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(help="Context window. [env: RSTAR_ENGINE__MAX_MODEL_LEN]")] = None,
+) -> None:
+    """Start the OpenAI-compatible API on one engine (pulls the embedded default model if needed)."""
+    import uvicorn
+
+    from rstar.server.api import create_app
+    from rstar.server.engine import VllmEngine, require_vllm
+    from rstar.server.model_store import resolve_model
+
+    engine_overrides = {"max_model_len": max_model_len} if max_model_len else None
+    settings = load_settings(model=model, host=host, port=port, api_key=api_key, served_model_name=served_model_name, engine=engine_overrides)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with _one_line_errors():
+        require_vllm()
+        sock = _bind(settings.host, settings.port)
+        with console.status(f"resolving model {settings.model}"):
+            resolved = resolve_model(settings.model, settings.models_dir, progress=_progress_printer())
+    name = settings.served_model_name or resolved.name
+
+    async def start_engine():
+        return await VllmEngine.start(resolved.path, settings.engine, served_model_name=name)
+
+    console.print(f"starting the engine on {resolved.path} (about a minute on CPU); API at http://{settings.host}:{settings.port}/v1", highlight=False)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, start_engine, name), log_level="info"))
+    server.run(sockets=[sock])
+
+
+def _masked(settings: Settings) -> dict:
+    data = json.loads(settings.model_dump_json())
+    if data.get("api_key"):
+        data["api_key"] = "***"
+    return data
+
+
+@config_app.command("show")
+def config_show() -> None:
+    """Print the effective settings (defaults < RSTAR_* environment) as JSON; secrets masked."""
+    typer.echo(json.dumps(_masked(load_settings()), indent=2))
+
+
+@db_app.command("upgrade")
+def db_upgrade(database_url: Annotated[Optional[str], typer.Option(help="[env: RSTAR_DATABASE_URL]")] = None) -> None:
+    """Apply schema migrations (the server also does this on start)."""
+    from rstar.server.db import current_revision, make_engine, upgrade
+
+    settings = load_settings(database_url=database_url)
+    engine = make_engine(settings.resolved_database_url)
+    upgrade(engine)
+    typer.echo(f"{settings.resolved_database_url}: schema at revision {current_revision(engine)}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

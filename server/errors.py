@@ -1,0 +1,62 @@
+"""OpenAI-shaped errors: every failure leaves the server as `{"error": {"message", "type", "param", "code"}}`."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from rstar.server.schemas import ErrorInfo, ErrorResponse
+
+log = logging.getLogger("rstar.server")
+
+# HTTP status -> the `type` OpenAI's SDK maps to its exception classes.
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | int | None = None) -> dict:
+    info = ErrorInfo(message=message, type=_ERROR_TYPES.get(status, "server_error"), param=param, code=code if code is not None else status)
+    return ErrorResponse(error=info).model_dump()
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | int | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError):
+        return error_response(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        param = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+        return error_response(400, f"{param or 'request'}: {first['msg']}", param)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Request, exc: HTTPException):
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception):
+        log.exception("unhandled error")
+        return error_response(500, f"internal error: {type(exc).__name__}")

@@ -1,0 +1,47 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from rstar.config import load_settings
+
+
+def test_defaults_point_at_user_dirs_and_embedded_model():
+    settings = load_settings()
+    assert settings.model == "default"
+    assert settings.resolved_database_url == f"sqlite:///{settings.data_dir / 'rstar.db'}"
+    assert settings.models_dir == settings.cache_dir / "models"
+
+
+def test_environment_uses_prefix_and_nested_delimiter(monkeypatch):
+    monkeypatch.setenv("RSTAR_PORT", "9123")
+    monkeypatch.setenv("RSTAR_ENGINE__MAX_MODEL_LEN", "2048")
+    monkeypatch.setenv("RSTAR_SANDBOX__TIMEOUT_S", "7.5")
+    settings = load_settings()
+    assert (settings.port, settings.engine.max_model_len, settings.sandbox.timeout_s) == (9123, 2048, 7.5)
+
+
+def test_cli_overrides_beat_environment_and_none_means_not_given(monkeypatch):
+    monkeypatch.setenv("RSTAR_PORT", "9123")
+    monkeypatch.setenv("RSTAR_ENGINE__DTYPE", "float32")
+    settings = load_settings(port=9999, host=None, engine={"max_model_len": 1024})
+    assert settings.port == 9999
+    assert settings.host == "127.0.0.1"
+    # A nested override merges with the environment rather than replacing the whole section.
+    assert (settings.engine.max_model_len, settings.engine.dtype) == (1024, "float32")
+
+
+def test_unknown_setting_is_rejected(monkeypatch):
+    with pytest.raises(ValidationError):
+        load_settings(no_such_knob=1)
+
+
+def test_config_show_prints_json_with_the_api_key_masked(monkeypatch, tmp_path):
+    env = {"RSTAR_API_KEY": "s3cret", "RSTAR_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-m", "rstar.cli", "config", "show"], capture_output=True, text=True, env=env, check=True).stdout
+    shown = json.loads(out)
+    assert shown["api_key"] == "***"
+    assert shown["data_dir"] == str(tmp_path)
+    assert "s3cret" not in out
