@@ -1,0 +1,93 @@
+"""IFEval: 541 prompts with 834 verifiable instructions, scored by the official rule-based checkers.
+
+The checkers are lm-eval's (Google's code as lm-eval ships it), called through lm-eval's own per-response
+function, so our scores equal lm-eval's on the same responses by construction; only the aggregation is ours.
+Two run-time hazards are closed here: NLTK's punkt_tab must already be installed (install.sh puts it in the
+venv; lm-eval would otherwise try to download it), and langdetect's seed is fixed so language checks repeat.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from statistics import fmean
+
+from rstar.evals.data import hf_rows, local_file, read_jsonl
+from rstar.evals.registry import NATIVE_TEMPLATE, Benchmark, Doc, Grade, Prompt, Sampling, register
+
+HF_ID = "google/IFEval"
+LANGDETECT_SEED = 0
+
+
+class CheckersUnavailable(RuntimeError):
+    pass
+
+
+def load(data_dir: Path | None) -> list[Doc]:
+    rows = hf_rows("ifeval", HF_ID, "train") if data_dir is None else read_jsonl(local_file(data_dir, "ifeval", "input_data.jsonl"))
+    return [
+        {
+            "id": str(row["key"]),
+            "key": row["key"],
+            "prompt": row["prompt"],
+            "instruction_id_list": row["instruction_id_list"],
+            "kwargs": row["kwargs"],
+        }
+        for row in rows
+    ]
+
+
+def build_prompt(doc: Doc, sample_index: int) -> Prompt:
+    return Prompt(messages=[{"role": "user", "content": doc["prompt"]}])
+
+
+@cache
+def _lm_eval_ifeval():
+    import langdetect
+    import nltk
+
+    try:
+        nltk.data.find("tokenizers/punkt_tab/english/")
+    except LookupError:
+        raise CheckersUnavailable(
+            "NLTK's punkt_tab tokenizer is not installed; IFEval's sentence and word checks need it. "
+            "Run `bash install.sh` (it unpacks punkt_tab into the venv) or set NLTK_DATA to a folder holding "
+            "tokenizers/punkt_tab/english/."
+        ) from None
+    langdetect.DetectorFactory.seed = LANGDETECT_SEED
+    from lm_eval.tasks.ifeval import utils
+
+    return utils
+
+
+def grade(doc: Doc, response: str, sample_index: int) -> Grade:
+    results = _lm_eval_ifeval().process_results(doc, [response])
+    return Grade(doc["id"], sample_index, float(results["prompt_level_strict_acc"]), results)
+
+
+def aggregate(grades: list[Grade]) -> dict[str, float]:
+    """Prompt level: share of prompts whose instructions all pass. Instruction level: pooled over all prompts."""
+    if not grades:
+        raise ValueError("no grades to aggregate")
+    scores: dict[str, float] = {}
+    for level in ("strict", "loose"):
+        scores[f"prompt_level_{level}_acc"] = fmean(float(g.details[f"prompt_level_{level}_acc"]) for g in grades)
+        followed = [ok for g in grades for ok in g.details[f"inst_level_{level}_acc"]]
+        scores[f"inst_level_{level}_acc"] = fmean(map(float, followed))
+    scores["prompts"] = len(grades)
+    return scores
+
+
+register(
+    Benchmark(
+        name="ifeval",
+        source=HF_ID,
+        load=load,
+        build_prompt=build_prompt,
+        grade=grade,
+        aggregate=aggregate,
+        # Paper §5.1: the benchmark's own prompt at temperature 0. The token cap is lm-eval's max_gen_toks.
+        sampling=Sampling(temperature=0.0, samples=1, max_turns=1, max_tokens=1280, template=NATIVE_TEMPLATE),
+        primary_metric="prompt_level_strict_acc",
+    )
+)

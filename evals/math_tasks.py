@@ -1,0 +1,84 @@
+"""AIME 2024, AIME 2025 and HMMT February 2025: answer-checked competition math.
+
+The prompt is the bare problem: the rStar template adds the answer instruction (<answer> tags, \\boxed{}).
+Grading is the sandbox's `verify` (math-verify plus integer comparison, so AIME's zero-padded "025" equals 25;
+`\\boxed{}` inside <answer> first, else the last `\\boxed{}`), the same check RL rewards use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rstar.evals.data import hf_rows, local_file, read_jsonl
+from rstar.evals.metrics import sampled_accuracy
+from rstar.evals.registry import RSTAR_TEMPLATE, Benchmark, Doc, Grade, Prompt, Sampling, register
+
+# Paper §5.1: rStar template, temperature 0.6, 16 samples, up to 30 turns, 30K-token responses.
+PAPER_SAMPLING = Sampling(temperature=0.6, samples=16, max_turns=30, max_tokens=30720, template=RSTAR_TEMPLATE)
+
+
+def _doc(doc_id, problem: str, answer) -> Doc:
+    return {"id": str(doc_id), "problem": problem.strip(), "answer": str(answer).strip()}
+
+
+def load_aime24(data_dir: Path | None) -> list[Doc]:
+    if data_dir is None:  # the set rStar2-Agent's data_preprocess loads
+        rows = hf_rows("aime24", "HuggingFaceH4/aime_2024", "train")
+    else:
+        rows = read_jsonl(local_file(data_dir, "aime24", "test.jsonl"))
+    return [_doc(row["id"], row["problem"], row["answer"]) for row in rows]
+
+
+def load_aime25(data_dir: Path | None) -> list[Doc]:
+    if data_dir is None:  # rStar2-Agent loads both papers of opencompass/AIME2025; their rows carry no id
+        return [
+            _doc(f"{config}-{n}", row["question"], row["answer"])
+            for config in ("AIME2025-I", "AIME2025-II")
+            for n, row in enumerate(hf_rows("aime25", "opencompass/AIME2025", "test", config), start=1)
+        ]
+    return [
+        _doc(row["id"], row["problem"], row["answer"])
+        for row in read_jsonl(local_file(data_dir, "aime25", "aime25.jsonl"))
+    ]
+
+
+def load_hmmt_feb_2025(data_dir: Path | None) -> list[Doc]:
+    if data_dir is None:  # the Hugging Face copy of MathArena's files, which the local jsonl was built from
+        return [
+            _doc(row["problem_idx"], row["problem"], row["answer"])
+            for row in hf_rows("hmmt_feb_2025", "MathArena/hmmt_feb_2025", "train")
+        ]
+    return [
+        _doc(row["id"], row["problem"], row["answer"])
+        for row in read_jsonl(local_file(data_dir, "hmmt_feb_2025", "hmmt_feb_2025.jsonl"))
+    ]
+
+
+def build_prompt(doc: Doc, sample_index: int) -> Prompt:
+    return Prompt(messages=[{"role": "user", "content": doc["problem"]}])
+
+
+def grade(doc: Doc, response: str, sample_index: int) -> Grade:
+    # Imported here so that loading the registry does not pull in math-verify and sympy.
+    from rstar.sandbox.verify import verify
+
+    return Grade(doc["id"], sample_index, 1.0 if verify(response, doc["answer"]) else 0.0, {"gold": doc["answer"]})
+
+
+for _name, _source, _load in (
+    ("aime24", "HuggingFaceH4/aime_2024", load_aime24),
+    ("aime25", "opencompass/AIME2025", load_aime25),
+    ("hmmt_feb_2025", "MathArena/hmmt_feb_2025", load_hmmt_feb_2025),
+):
+    register(
+        Benchmark(
+            name=_name,
+            source=_source,
+            load=_load,
+            build_prompt=build_prompt,
+            grade=grade,
+            aggregate=sampled_accuracy,
+            sampling=PAPER_SAMPLING,
+            primary_metric="avg_pass_at_1",
+        )
+    )

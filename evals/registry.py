@@ -1,0 +1,87 @@
+"""The benchmark registry: one small declarative entry per benchmark, in the spirit of lm-eval's task configs.
+
+A benchmark is four pure functions plus its default sampling:
+
+    docs   = bench.load(data_dir)                      # data_dir=None: the Hugging Face id (or packaged data)
+    prompt = bench.build_prompt(doc, sample_index)     # messages (+ tools) for one sample of one doc
+    grade  = bench.grade(doc, response, sample_index)  # Grade(score in [0, 1], details)
+    scores = bench.aggregate(grades)                   # the benchmark's reported metrics
+
+`response` is the final assistant text for text benchmarks, and the model's tool calls for BFCL
+(see `rstar.evals.bfcl`). The runner owns generation; nothing here talks to a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+Doc = dict[str, Any]
+
+# Template choices the runner passes on to the server:
+RSTAR_TEMPLATE = "rstar"  # rStar2-Agent's system prompt + answer instruction, python tool offered
+NATIVE_TEMPLATE = "native"  # the benchmark's own prompt as given, no added instruction, no python tool
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Generation defaults for a benchmark (rStar2-Agent paper §5.1 unless noted at the entry)."""
+
+    temperature: float
+    samples: int  # k: samples per doc; the headline metric is the mean over them (avg@k)
+    max_turns: int  # assistant turns per doc (tool round trips + final answer)
+    max_tokens: int  # whole-response budget, tool output included
+    template: str  # RSTAR_TEMPLATE or NATIVE_TEMPLATE
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What the runner sends for one sample.
+
+    `messages` opens the conversation. Multi-turn benchmarks (BFCL multi_turn_*) add `followups`: the user
+    messages of each later turn, sent once the model has finished the previous one, and `tools_added`: tools
+    that become available at a given turn index (BFCL miss_func).
+    """
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    followups: list[list[dict[str, Any]]] = field(default_factory=list)
+    tools_added: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Grade:
+    doc_id: str
+    sample_index: int
+    score: float  # 1.0 correct, 0.0 wrong; the headline metric averages this
+    details: dict[str, Any] = field(default_factory=dict)  # grader evidence (extracted answer, permutation, ...)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    source: str  # default data source: the Hugging Face dataset id the anchors use, or the package that ships it
+    load: Callable[[Path | None], list[Doc]]
+    build_prompt: Callable[[Doc, int], Prompt]
+    grade: Callable[[Doc, Any, int], Grade]
+    aggregate: Callable[[list[Grade]], dict[str, Any]]
+    sampling: Sampling
+    primary_metric: str  # the key of `aggregate`'s result that the paper reports
+
+
+REGISTRY: dict[str, Benchmark] = {}
+
+
+def register(benchmark: Benchmark) -> Benchmark:
+    if benchmark.name in REGISTRY:
+        raise ValueError(f"benchmark {benchmark.name!r} is registered twice")
+    REGISTRY[benchmark.name] = benchmark
+    return benchmark
+
+
+def get_benchmark(name: str) -> Benchmark:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(sorted(REGISTRY))}") from None
