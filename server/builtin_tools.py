@@ -1,0 +1,160 @@
+"""The tools the server runs itself: rStar2-Agent's Python tools, their schemas, and how one parsed call
+turns into a sandbox execution and the response text the model sees.
+
+- `python_code_with_standard_io` (the released code's name) and `execute_python_code_with_standard_io`
+  (the paper's name) are aliases: arguments `code` and `input` (piped to stdin), a fresh interpreter.
+- `jupyter_code` (argument `code`): notebook-like state by replaying every earlier `jupyter_code` cell of
+  the conversation, output suppressed, before the new cell (the released SimJupyterTool's semantics).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rstar.server.tool_calls import ToolCall
+from rstar.server.tool_results import (
+    ExecResult,
+    TruncateSide,
+    decode_failure_text,
+    execution_error_text,
+    render_exec_result,
+    truncate_response,
+)
+
+PYTHON_TOOL = "python_code_with_standard_io"
+PYTHON_TOOL_PAPER_NAME = "execute_python_code_with_standard_io"
+JUPYTER_TOOL = "jupyter_code"
+BUILTIN_TOOLS = frozenset({PYTHON_TOOL, PYTHON_TOOL_PAPER_NAME, JUPYTER_TOOL})
+
+
+def python_tool_schema(name: str = PYTHON_TOOL) -> dict:
+    """The stdin/stdout tool, described as in the paper's prompt (Fig. 3), under either alias."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": (
+                "Execute Python code with standard input and capture standard output. This function takes a Python "
+                "code string and an input string, provides the input string through standard input (stdin) to the "
+                "code, and captures and returns any output produced through standard output (stdout). If the executed "
+                "code raises an exception, the error message will be captured and returned instead."
+            ),
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "code": {
+                        "type": "string",
+                        "description": "A string containing Python code to be executed. The code can read from standard input using the input() function.",
+                    },
+                    "input": {
+                        "type": "string",
+                        "description": "A string that will be provided as standard input to the code when it calls input().",
+                    },
+                },
+                "required": ["code", "input"],
+            },
+        },
+    }
+
+
+def jupyter_tool_schema() -> dict:
+    return {
+        "type": "function",
+        "function": {
+            "name": JUPYTER_TOOL,
+            "description": (
+                "Run a Python cell as in a Jupyter notebook: variables, functions and imports from earlier cells "
+                "stay defined, and the value of a final bare expression is shown."
+            ),
+            "parameters": {
+                "type": "object",
+                "properties": {"code": {"type": "string", "description": "The Python code of the cell."}},
+                "required": ["code"],
+            },
+        },
+    }
+
+
+def builtin_tool_schemas(names: Sequence[str] = (PYTHON_TOOL,)) -> list[dict]:
+    """Schemas to list in the prompt, in the given order."""
+    unknown = set(names) - BUILTIN_TOOLS
+    if unknown:
+        raise ValueError(f"not built-in tools: {sorted(unknown)}")
+    return [jupyter_tool_schema() if name == JUPYTER_TOOL else python_tool_schema(name) for name in names]
+
+
+class CodeExecutor(Protocol):
+    """What runs code: the sandbox's in-process client, or a scripted stand-in in tests."""
+
+    async def execute(self, code: str, stdin: str, replay: Sequence[str]) -> ExecResult:
+        """Run `code` with `stdin`, after silently replaying the `replay` cells in the same namespace."""
+        ...
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """One call's outcome: the response text the model sees and, when code ran, the execution."""
+
+    response: str
+    result: ExecResult | None = None  # None: nothing ran (decode failure, unknown tool, bad arguments)
+    started_at: float = 0.0  # unix time
+    wall_s: float = 0.0  # including queueing in the sandbox pool
+
+
+def code_argument(call: ToolCall) -> tuple[str, str] | str:
+    """(code, stdin) for a built-in call, or the reason it cannot run.
+
+    Arguments given as a JSON string that encodes an object are accepted (the OpenAI wire format; the
+    released loop failed these with "'str' object has no attribute 'get'"). Missing `code` or `input`
+    count as empty, as in the released tools.
+    """
+    arguments: Any = call.arguments
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(arguments, Mapping):
+        return f"arguments must be a JSON object, not {type(arguments).__name__}"
+    code, stdin = arguments.get("code", ""), arguments.get("input", "")
+    if call.name == JUPYTER_TOOL:
+        stdin = ""
+    if not isinstance(code, str) or not isinstance(stdin, str):
+        return "arguments 'code' and 'input' must be strings"
+    return code, stdin
+
+
+async def run_builtin_call(
+    call: ToolCall,
+    executor: CodeExecutor,
+    jupyter_cells: Sequence[str],
+    max_response_chars: int | None = None,
+    truncate_side: TruncateSide = "middle",
+) -> ToolRun:
+    """Run one parsed call (a decode failure or unknown name short-circuits) and render its response.
+
+    jupyter_cells: the code of earlier `jupyter_code` calls in this conversation, replayed first.
+    Only an execution's text is truncated; error messages are short and pass whole, as released.
+    """
+    started_at = time.time()
+    if call.decode_error is not None:
+        return ToolRun(response=decode_failure_text(call.decode_error), started_at=started_at)
+    if not isinstance(call.name, str) or call.name not in BUILTIN_TOOLS:
+        # The released loop's KeyError text for a tool it does not have, e.g. "'WolframAlpha'".
+        return ToolRun(response=execution_error_text(repr(call.name)), started_at=started_at)
+    arguments = code_argument(call)
+    if isinstance(arguments, str):
+        return ToolRun(response=execution_error_text(arguments), started_at=started_at)
+    code, stdin = arguments
+    replay = jupyter_cells if call.name == JUPYTER_TOOL else ()
+    clock = time.perf_counter()
+    try:
+        result = await executor.execute(code, stdin, replay)
+    except Exception as exc:  # the sandbox itself failed; the model is told, the trajectory goes on
+        return ToolRun(response=execution_error_text(str(exc)), started_at=started_at, wall_s=time.perf_counter() - clock)
+    response = truncate_response(render_exec_result(result), max_response_chars, truncate_side)
+    return ToolRun(response=response, result=result, started_at=started_at, wall_s=time.perf_counter() - clock)

@@ -1,0 +1,99 @@
+"""What the model sees after a tool call: result text rendered as rStar2-Agent renders it, and the tokens
+of the tool turn that carries it.
+
+`tool_turn_ids` is the one bridge from tool results to tokens; the server's agent loop and `rl/` both get
+their tool-turn tokens from it (through the agent loop), so serving and training see the same stream.
+
+The tool turn is the chat template's own rendering of the tool messages, cut where the model's turn ends
+and the next one's sampled text begins. Deliberate difference from the released training loop: that loop
+tokenized the tool messages alone, so the model's `<|im_end|>` was followed directly by `<|im_start|>user`;
+here the template's `\\n` after `<|im_end|>` is kept (with response mask 0). The token stream therefore
+decodes to exactly the conversation the template renders, so a client that sends the conversation back
+gets the same prompt tokens (prefix-cache hits) and one format serves chat, evals and RL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from rstar.server.chat_template import ChatTemplate
+
+TruncateSide = Literal["left", "right", "middle"]
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """One sandbox execution, in the terms the result text uses (code-judge's fields)."""
+
+    success: bool  # ran to completion with exit code 0
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    # Why it failed, as code-judge names it: '' for a program error, 'worker_timeout', 'internal_error', ...
+    reason: str = ""
+
+
+def render_exec_result(result: ExecResult) -> str:
+    """`Tool call success|failure`, the failure reason, non-empty stdout and stderr, then the time taken."""
+    lines = ["Tool call success"] if result.success else ["Tool call failure", f"reason: {result.reason}"]
+    if result.stdout:
+        lines.append(f"stdout: {result.stdout}")
+    if result.stderr:
+        lines.append(f"stderr: {result.stderr}")
+    lines.append(f"execution time: {result.duration_s:.2f}s")
+    return "\n".join(lines)
+
+
+def decode_failure_text(error: str) -> str:
+    """The tool response for a `<tool_call>` span that is not a JSON call object."""
+    return f"Failed to decode tool call: {error}"
+
+
+def execution_error_text(error: str) -> str:
+    """The tool response for a call that could not run (unknown tool, bad arguments, sandbox unreachable)."""
+    return f"Error when executing tool: {error}"
+
+
+def truncate_response(text: str, max_chars: int | None, side: TruncateSide = "middle") -> str:
+    """Cut an execution's result text to `max_chars`, marking the cut as the released loop does.
+
+    None keeps it whole. "left" keeps the start, "right" the end, "middle" both halves around the cut.
+    """
+    if max_chars is None or len(text) <= max_chars:
+        return text
+    if side == "left":
+        return text[:max_chars] + "...(truncated)"
+    if side == "right":
+        return "(truncated)..." + text[-max_chars:]
+    half = max_chars // 2
+    return text[:half] + "...(truncated)..." + text[len(text) - half :]
+
+
+# Stands in for the model's last turn when rendering; the tool turn is whatever the template puts after it.
+_TURN_SENTINEL = "\x00rstar-model-turn\x00"
+
+
+def tool_turn_text(template: ChatTemplate, responses: Sequence[str], sampled_turn_end: str) -> str:
+    """Text from the end of the model's sampled turn to where its next turn's sampled text begins.
+
+    responses: the tool response texts, in call order. sampled_turn_end: the part of the template's
+    turn end that the model already sampled (normally its end-of-turn token, '<|im_end|>'), or '' when
+    the turn stopped otherwise; the template supplies the rest.
+    """
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": _TURN_SENTINEL},
+        *({"role": "tool", "content": response} for response in responses),
+    ]
+    rendered = template.render(messages, add_generation_prompt=True)
+    after_turn = rendered.split(_TURN_SENTINEL, 1)[1]
+    if not after_turn.startswith(sampled_turn_end):
+        raise ValueError(f"the template closes an assistant turn with {after_turn[:20]!r}, not {sampled_turn_end!r}")
+    return after_turn[len(sampled_turn_end) :]
+
+
+def tool_turn_ids(template: ChatTemplate, responses: Sequence[str], sampled_turn_end: str) -> list[int]:
+    """The bridge: token ids of the tool turn (all response-mask 0), including the next turn's opening."""
+    return template.encode_text(tool_turn_text(template, responses, sampled_turn_end))
