@@ -1,0 +1,223 @@
+"""Tool-call parsing (whole turns and streamed deltas split at every position), result rendering and
+built-in tool dispatch, against golden files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from golden_files import check_json
+
+from rstar.server.builtin_tools import JUPYTER_TOOL, PYTHON_TOOL, PYTHON_TOOL_PAPER_NAME, run_builtin_call
+from rstar.server.tool_calls import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    TextDelta,
+    ToolCall,
+    ToolCallArgumentsDelta,
+    ToolCallEnded,
+    ToolCallStarted,
+    ToolCallStreamParser,
+    parse_tool_calls,
+)
+from rstar.server.tool_results import ExecResult, render_exec_result, truncate_response
+
+CALL = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(2024 % 7)", "input": ""}}\n</tool_call>'
+
+# Turn texts as the model might write them (after the prompt's forced `<reason>`).
+TURNS = {
+    "one_call": "I will compute it.\n" + CALL,
+    "no_call": "2024 = 2^3 * 11 * 23, so (3+1)(1+1)(1+1) = 16.</reason>\n<answer>\\boxed{16}</answer>",
+    "two_calls": 'Two things.\n<tool_call>\n{"name": "jupyter_code", "arguments": {"code": "x = 3"}}\n</tool_call>\n'
+    '<tool_call>{"name": "jupyter_code", "arguments": {"code": "x ** 2"}}</tool_call>',
+    "malformed_json": 'Try.\n<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(1)"}\n</tool_call>',
+    "not_an_object": "<tool_call>[1, 2]</tool_call>",
+    "missing_name": '<tool_call>{"arguments": {"code": "1"}}</tool_call>',
+    "arguments_as_string": '<tool_call>{"name": "python_code_with_standard_io", "arguments": "{\\"code\\": \\"print(5)\\", \\"input\\": \\"\\"}"}</tool_call>',
+    "unknown_tool": '<tool_call>{"name": "WolframAlpha", "arguments": {"query": "divisors of 2024"}}</tool_call>',
+    "keys_reordered": '<tool_call>{"arguments": {"code": "print(3)"}, "name": "jupyter_code"}</tool_call>',
+    "braces_and_tags_inside_code": '<tool_call>{"name": "jupyter_code", "arguments": {"code": "s = \\"}</reason><tool_call\\"\\nprint(s)"}}  </tool_call>',
+    "unterminated": "Let me check.\n" + CALL[:-len(CALL_CLOSE) - 3],
+    "second_open_tag_inside": "<tool_call>oops <tool_call>" + CALL[len(CALL_OPEN):],
+    "answer_then_reasoning_again": "Done.</reason><answer>\\boxed{1}</answer><reason>Actually, check.\n" + CALL,
+    "unicode": 'Größe π.\n<tool_call>{"name": "jupyter_code", "arguments": {"code": "print(\'π≈3.14\')"}}</tool_call>',
+}
+
+
+def call_dict(call: ToolCall) -> dict:
+    return {"index": call.index, "raw": call.raw, "name": call.name, "arguments": call.arguments, "decode_error": call.decode_error}
+
+
+def stream(text: str, cuts: list[int]) -> tuple[list, ToolCallStreamParser]:
+    parser = ToolCallStreamParser(in_reasoning=True)
+    events, previous = [], 0
+    for cut in [*cuts, len(text)]:
+        events += parser.feed(text[previous:cut])
+        previous = cut
+    return events + parser.finish(), parser
+
+
+def merged(events: list) -> list:
+    """Events with consecutive text (same kind) and argument deltas joined: the same for any split."""
+    out: list = []
+    for event in events:
+        if isinstance(event, TextDelta):
+            if out and out[-1][0] == ("reasoning" if event.reasoning else "content"):
+                out[-1][1] += event.text
+            else:
+                out.append(["reasoning" if event.reasoning else "content", event.text])
+        elif isinstance(event, ToolCallArgumentsDelta):
+            if out and out[-1][0] == "arguments" and out[-1][1] == event.index:
+                out[-1][2] += event.text
+            else:
+                out.append(["arguments", event.index, event.text])
+        elif isinstance(event, ToolCallStarted):
+            out.append(["call_started", event.index, event.name])
+        else:
+            out.append(["call_ended", call_dict(event.call), event.complete])
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(TURNS))
+def test_parse_golden(name):
+    check_json(f"tool_calls/parse_{name}.json", [call_dict(call) for call in parse_tool_calls(TURNS[name])])
+
+
+@pytest.mark.parametrize("name", sorted(TURNS))
+def test_stream_golden(name):
+    events, _ = stream(TURNS[name], [])
+    check_json(f"tool_calls/stream_{name}.json", merged(events))
+
+
+@pytest.mark.parametrize("name", sorted(TURNS))
+def test_stream_is_the_same_split_at_every_position(name):
+    text = TURNS[name]
+    whole = merged(stream(text, [])[0])
+    for cut in range(len(text) + 1):
+        events, parser = stream(text, [cut])
+        assert merged(events) == whole, f"split at {cut}: {text[:cut]!r} | {text[cut:]!r}"
+        assert parser.calls == parse_tool_calls(text)
+    events, _ = stream(text, list(range(len(text))))  # one character at a time
+    assert merged(events) == whole
+
+
+@pytest.mark.parametrize("name", sorted(TURNS))
+def test_split_at_every_pair_of_positions(name):
+    text = TURNS[name]
+    if len(text) > 140:
+        pytest.skip("quadratic in length; the single-split test covers long turns")
+    whole = merged(stream(text, [])[0])
+    for first in range(len(text) + 1):
+        for second in range(first, len(text) + 1):
+            assert merged(stream(text, [first, second])[0]) == whole, (first, second)
+
+
+@pytest.mark.parametrize("name", sorted(TURNS))
+def test_no_tag_ever_reaches_text(name):
+    events, _ = stream(TURNS[name], list(range(len(TURNS[name]))))
+    text = "".join(event.text for event in events if isinstance(event, TextDelta))
+    for tag in (CALL_OPEN, CALL_CLOSE, "</reason>"):
+        assert tag not in text
+
+
+@pytest.mark.parametrize("name", sorted(TURNS))
+def test_streamed_arguments_are_the_raw_arguments_text(name):
+    """Argument deltas of a well-formed call concatenate to JSON that decodes to its arguments."""
+    events, parser = stream(TURNS[name], list(range(len(TURNS[name]))))
+    for call in parser.calls:
+        if call.decode_error is None:
+            text = "".join(e.text for e in events if isinstance(e, ToolCallArgumentsDelta) and e.index == call.index)
+            assert json.loads(text) == call.arguments
+
+
+def test_every_call_is_announced_once_before_its_arguments_and_ended_once():
+    events, _ = stream(TURNS["two_calls"] + TURNS["malformed_json"], [7, 50, 90])
+    kinds = [(type(e).__name__, getattr(e, "index", None) if not isinstance(e, ToolCallEnded) else e.call.index) for e in events if not isinstance(e, TextDelta)]
+    for index in (0, 1, 2):
+        mine = [kind for kind, i in kinds if i == index]
+        assert mine[0] == "ToolCallStarted" and mine[-1] == "ToolCallEnded"
+        assert mine.count("ToolCallStarted") == 1 and mine.count("ToolCallEnded") == 1
+
+
+def test_released_parser_error_texts():
+    """The decode errors are Python's own messages, as the released parser reported them."""
+    assert parse_tool_calls(TURNS["missing_name"])[0].decode_error == "'name'"
+    assert parse_tool_calls(TURNS["malformed_json"])[0].decode_error.startswith("Expecting ',' delimiter")
+    assert parse_tool_calls(TURNS["unterminated"]) == []
+
+
+RESULTS = {
+    "success_with_stdout": ExecResult(success=True, stdout="16\n", duration_s=0.4149),
+    "success_silent": ExecResult(success=True, duration_s=0.004),
+    "success_with_stderr": ExecResult(success=True, stdout="1\n", stderr="DeprecationWarning: x\n", duration_s=1.0),
+    "program_error": ExecResult(success=False, stderr="ZeroDivisionError at line 2: division by zero\n    1/0", duration_s=0.02),
+    "timeout": ExecResult(success=False, stdout="partial", reason="worker_timeout", duration_s=4.0021),
+}
+
+
+def test_result_rendering_golden():
+    check_json("tool_results/rendered.json", {name: render_exec_result(result) for name, result in RESULTS.items()})
+
+
+def test_truncation_golden():
+    text = "".join(str(i % 10) for i in range(40))
+    check_json(
+        "tool_results/truncated.json",
+        {side: truncate_response(text, 10, side) for side in ("left", "right", "middle")} | {"odd_middle": truncate_response(text, 7, "middle")},
+    )
+    assert truncate_response(text, None) == text
+    assert truncate_response(text, 40) == text
+
+
+class RecordingExecutor:
+    def __init__(self, result=ExecResult(success=True, stdout="ok", duration_s=0.01), error=None):
+        self.result, self.error, self.calls = result, error, []
+
+    async def execute(self, code, stdin, replay):
+        self.calls.append((code, stdin, list(replay)))
+        if self.error:
+            raise self.error
+        return self.result
+
+
+def dispatch(text: str, executor=None, cells=(), **kwargs):
+    executor = executor or RecordingExecutor()
+    run = asyncio.run(run_builtin_call(parse_tool_calls(text)[0], executor, list(cells), **kwargs))
+    return run, executor
+
+
+def test_dispatch_golden():
+    responses = {}
+    for name in ("one_call", "malformed_json", "not_an_object", "missing_name", "arguments_as_string", "unknown_tool", "keys_reordered"):
+        run, _ = dispatch(TURNS[name])
+        responses[name] = run.response
+    responses["not_json_string_arguments"] = dispatch('<tool_call>{"name": "jupyter_code", "arguments": "print(1)"}</tool_call>')[0].response
+    responses["non_string_code"] = dispatch('<tool_call>{"name": "jupyter_code", "arguments": {"code": 12}}</tool_call>')[0].response
+    responses["sandbox_unreachable"] = dispatch(TURNS["one_call"], RecordingExecutor(error=ConnectionError("pool is down")))[0].response
+    check_json("tool_results/dispatch.json", responses)
+    assert responses["unknown_tool"] == "Error when executing tool: 'WolframAlpha'"
+    assert responses["malformed_json"].startswith("Failed to decode tool call: Expecting")
+
+
+def test_both_names_of_the_python_tool_run_with_stdin():
+    for name in (PYTHON_TOOL, PYTHON_TOOL_PAPER_NAME):
+        text = f'<tool_call>{{"name": "{name}", "arguments": {{"code": "print(input())", "input": "7"}}}}</tool_call>'
+        run, executor = dispatch(text, cells=["x = 1"])
+        assert executor.calls == [("print(input())", "7", [])]  # stateless: no replay
+        assert run.response == "Tool call success\nstdout: ok\nexecution time: 0.01s"
+
+
+def test_jupyter_replays_earlier_cells_and_ignores_stdin():
+    text = '<tool_call>{"name": "jupyter_code", "arguments": {"code": "x ** 2", "input": "ignored"}}</tool_call>'
+    _, executor = dispatch(text, cells=["x = 3"])
+    assert executor.calls == [("x ** 2", "", ["x = 3"])]
+
+
+def test_only_execution_text_is_truncated():
+    long = RecordingExecutor(ExecResult(success=True, stdout="9" * 500, duration_s=0.1))
+    run, _ = dispatch(TURNS["one_call"], long, max_response_chars=64, truncate_side="middle")
+    assert run.response.startswith("Tool call success\nstdout: 9") and "...(truncated)..." in run.response
+    assert run.response.endswith("execution time: 0.10s")
+    error, _ = dispatch(TURNS["unknown_tool"], max_response_chars=5)
+    assert error.response == "Error when executing tool: 'WolframAlpha'"
