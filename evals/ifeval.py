@@ -2,12 +2,14 @@
 
 The checkers are lm-eval's (Google's code as lm-eval ships it), called through lm-eval's own per-response
 function, so our scores equal lm-eval's on the same responses by construction; only the aggregation is ours.
-Two run-time hazards are closed here: NLTK's punkt_tab must already be installed (install.sh puts it in the
-venv; lm-eval would otherwise try to download it), and langdetect's seed is fixed so language checks repeat.
+Three run-time hazards are closed here: NLTK's punkt_tab must already be installed (install.sh puts it in the
+venv; lm-eval would otherwise try to download it), langdetect's seed is fixed so language checks repeat, and
+the checkers' own random draws are seeded per prompt.
 """
 
 from __future__ import annotations
 
+import random
 from functools import cache
 from pathlib import Path
 from statistics import fmean
@@ -60,8 +62,21 @@ def _lm_eval_ifeval():
     return utils
 
 
+def checker_seed(doc: Doc) -> str:
+    return f"ifeval:{doc['key']}"
+
+
 def grade(doc: Doc, response: str, sample_index: int) -> Grade:
-    results = _lm_eval_ifeval().process_results(doc, [response])
+    checkers = _lm_eval_ifeval()
+    # lm-eval's letter_frequency checker replaces a non-letter argument ('#' in prompt 1122, '!' in 1129) by
+    # a letter drawn from Python's global `random`, so unseeded it grades the same response differently from
+    # run to run. Seed it per doc, and give the caller's random state back afterwards.
+    state = random.getstate()
+    random.seed(checker_seed(doc))
+    try:
+        results = checkers.process_results(doc, [response])
+    finally:
+        random.setstate(state)
     return Grade(doc["id"], sample_index, float(results["prompt_level_strict_acc"]), results)
 
 
