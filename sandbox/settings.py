@@ -4,9 +4,40 @@ from pydantic import BaseModel, Field
 
 
 class SandboxSettings(BaseModel):
+    # --- semantics
     timeout_s: float = Field(4.0, description="Wall-clock limit per call (rStar2-Agent's README runs code-judge with 4 s).")
+    max_timeout_s: float = Field(60.0, description="Largest timeout a single request may ask for.")
     max_output_chars: int = Field(1000, description="stdout and stderr are each cut to this many characters (code-judge's MAX_STDOUT_ERROR_LENGTH).")
-    workers: int = Field(2, description="Cells that may run at once in one pool.")
+    max_output_bytes: int = Field(1_048_576, description="A call whose stdout+stderr exceed this many bytes is killed (status output_limit); enforced while reading.")
+    max_code_chars: int = Field(200_000, description="Largest cell accepted; longer code gets an invalid_input result.")
+    max_input_chars: int = Field(1_000_000, description="Largest stdin accepted.")
+    max_history_cells: int = Field(64, description="jupyter_code replay keeps at most this many earlier cells (replay cost grows with history).")
+    # --- pool
+    workers: int = Field(2, description="Cells that may run at once in one pool (one pre-forked spare per worker).")
+    spare_cells: int = Field(2, description="Hardened children kept ready beyond the workers, so a call never waits for a fork.")
+    max_queue: int = Field(1024, description="Calls that may wait for a worker; beyond that a call is answered queue_timeout at once.")
+    queue_timeout_s: float = Field(60.0, description="A call that waited this long for a worker is answered queue_timeout.")
+    long_batch_queue_timeout_s: float = Field(3600.0, description="Queue wait allowed for code-judge's /run/long-batch.")
+    preload: list[str] = Field(["numpy", "sympy", "scipy", "math_verify"], description="Modules imported once in the zygote so cells pay no import cost.")
+    # --- limits per cell
+    memory_mb: int = Field(2048, description="Address-space cap per cell (RLIMIT_AS); the preloaded libraries already map ~0.5 GB.")
+    max_processes: int = Field(32, description="Processes+threads per cell (RLIMIT_NPROC on the slot's own uid).")
+    max_open_files: int = Field(256, description="Open files per cell (RLIMIT_NOFILE).")
+    max_file_size_mb: int = Field(16, description="Largest file a cell may write (RLIMIT_FSIZE).")
+    scratch_mb: int = Field(256, description="Size of the tmpfs holding every cell's scratch directory.")
+    uid_base: int = Field(61000, description="Cells run as uid_base+slot (sessions above the slots); needs root, else cells keep the caller's uid.")
+    # --- sessions (chat)
+    max_sessions: int = Field(8, description="Persistent sessions kept at once; the least recently used idle one is evicted.")
+    session_ttl_s: float = Field(600.0, description="A session idle this long is killed and its state dropped.")
+    session_cpu_s: int = Field(120, description="CPU seconds a whole session may use.")
+    # --- answer checking
+    verify_timeout_s: float = Field(10.0, description="Wall-clock limit for one verify() call.")
+    # --- isolation
+    unsafe_no_isolation: bool = Field(False, description="Run without bubblewrap/seccomp/Landlock. Never on a shared machine.")
+    bwrap_path: str = Field("bwrap", description="bubblewrap binary (name on PATH or absolute path).")
+    # --- service
     host: str = "127.0.0.1"
     port: int = 8088
-    unsafe_no_isolation: bool = Field(False, description="Run without bubblewrap/seccomp/Landlock. Never on a shared machine.")
+    # --- cluster
+    ray_address: str | None = Field(None, description="Ray cluster for RayPool ('auto', 'ray://host:10001'); None starts a local Ray.")
+    ray_pools_per_node: int = Field(1, description="Zygote pools RayPool starts on each Ray node.")

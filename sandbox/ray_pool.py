@@ -1,0 +1,138 @@
+"""A sandbox spread over a Ray cluster: one zygote pool per node, behind the `SandboxClient` interface.
+
+`ray.init()` starts a local Ray unless `settings.ray_address` names a cluster. Each alive node gets
+`ray_pools_per_node` actors pinned to it (NodeAffinity); each actor owns a `SandboxPool`. Calls go to the
+actor with the fewest calls in flight; a session sticks to the actor that opened it. The actors reserve no
+Ray CPUs: their cells run in the zygote's processes, which Ray does not schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from .pool import SandboxPool
+from .schemas import RunRequest, RunResult, VerifyResult
+from .settings import SandboxSettings
+
+log = logging.getLogger("rstar.sandbox")
+
+
+class NodePool:
+    """Runs inside a Ray actor on one node."""
+
+    def __init__(self, settings: dict) -> None:
+        self.pool = SandboxPool(SandboxSettings(**settings))
+
+    async def start(self) -> dict:
+        await self.pool.start()
+        return self.pool.health()
+
+    async def run(self, request: Any) -> dict:
+        return (await self.pool.run(request)).model_dump()
+
+    async def run_batch(self, requests: list) -> list[dict]:
+        return [r.model_dump() for r in await self.pool.run_batch(requests)]
+
+    async def verify(self, response: str, gold: str, timeout_s: float | None) -> dict:
+        return (await self.pool.verify(response, gold, timeout_s)).model_dump()
+
+    async def close_session(self, session_id: str) -> None:
+        await self.pool.close_session(session_id)
+
+    async def health(self) -> dict:
+        return self.pool.health()
+
+    async def processes(self) -> list[dict]:
+        return await self.pool.processes()
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+class RayPool:
+    def __init__(self, settings: SandboxSettings | None = None) -> None:
+        self.settings = settings or SandboxSettings()
+        self.actors: list[Any] = []
+        self.inflight: list[int] = []
+        self.sessions: dict[str, int] = {}
+        self._owns_ray = False
+
+    async def start(self) -> "RayPool":
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if not ray.is_initialized():
+            await asyncio.to_thread(ray.init, address=self.settings.ray_address, include_dashboard=False,
+                                    log_to_driver=False)
+            self._owns_ray = True
+        actor_cls = ray.remote(num_cpus=0, max_concurrency=10_000)(NodePool)
+        nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+        for node in nodes:
+            for _ in range(self.settings.ray_pools_per_node):
+                strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+                self.actors.append(actor_cls.options(scheduling_strategy=strategy).remote(
+                    self.settings.model_dump()))
+        self.inflight = [0] * len(self.actors)
+        # Start every pool now so a missing isolation layer on any node fails here, loudly.
+        await asyncio.gather(*(actor.start.remote() for actor in self.actors))
+        log.info("RayPool: %d sandbox pools on %d nodes", len(self.actors), len(nodes))
+        return self
+
+    async def __aenter__(self) -> "RayPool":
+        return await self.start()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    def _pick(self, session_id: str | None = None) -> int:
+        if session_id is not None and session_id in self.sessions:
+            return self.sessions[session_id]
+        index = min(range(len(self.actors)), key=self.inflight.__getitem__)
+        if session_id is not None:
+            self.sessions[session_id] = index
+        return index
+
+    async def _call(self, index: int, method: str, *args: Any) -> Any:
+        self.inflight[index] += 1
+        try:
+            return await getattr(self.actors[index], method).remote(*args)
+        finally:
+            self.inflight[index] -= 1
+
+    async def run(self, request: RunRequest | dict) -> RunResult:
+        payload = request.model_dump() if isinstance(request, RunRequest) else request
+        session = payload.get("session_id") if isinstance(payload, dict) else None
+        return RunResult.model_validate(await self._call(self._pick(session if isinstance(session, str) else None),
+                                                         "run", payload))
+
+    async def run_batch(self, requests: list) -> list[RunResult]:
+        return list(await asyncio.gather(*(self.run(r) for r in requests)))
+
+    async def verify(self, response: str, gold: str, timeout_s: float | None = None) -> VerifyResult:
+        return VerifyResult.model_validate(await self._call(self._pick(), "verify", response, gold, timeout_s))
+
+    async def close_session(self, session_id: str) -> None:
+        index = self.sessions.pop(session_id, None)
+        if index is not None:
+            await self._call(index, "close_session", session_id)
+
+    async def health(self) -> dict:
+        reports = await asyncio.gather(*(actor.health.remote() for actor in self.actors))
+        return {"status": "ok" if all(r["status"] == "ok" for r in reports) else "degraded", "pools": reports}
+
+    async def processes(self) -> list[list[dict]]:
+        return list(await asyncio.gather(*(actor.processes.remote() for actor in self.actors)))
+
+    async def close(self) -> None:
+        import ray
+
+        if self.actors:
+            await asyncio.gather(*(actor.close.remote() for actor in self.actors), return_exceptions=True)
+            for actor in self.actors:
+                ray.kill(actor)
+            self.actors = []
+        if self._owns_ray:
+            await asyncio.to_thread(ray.shutdown)
+            self._owns_ray = False

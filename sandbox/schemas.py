@@ -1,0 +1,169 @@
+"""Wire models: our run request/result, and rStar2-Agent's code-judge shapes so its tooling can point here.
+
+`to_code_judge` is the one place that maps our statuses onto code-judge's `reason` values; the server's
+tool loop reuses it to render `Tool call success|failure` exactly as rStar2-Agent does.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+
+Status = Literal["ok", "error", "timeout", "memory", "output_limit", "queue_timeout", "invalid_input", "internal_error"]
+
+STDIO_TOOLS = ("python_code_with_standard_io", "execute_python_code_with_standard_io")
+REPLAY_TOOL = "jupyter_code"
+TOOLS = (*STDIO_TOOLS, REPLAY_TOOL)
+
+
+class RunRequest(BaseModel):
+    """One tool call. `history` holds earlier jupyter_code cells of the same trajectory (replayed silently);
+    `session_id` instead keeps a live interpreter between calls (chat)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tool: StrictStr = Field("python_code_with_standard_io", description="python_code_with_standard_io (alias execute_python_code_with_standard_io) or jupyter_code.")
+    code: StrictStr
+    input: StrictStr | None = Field(None, description="Text piped to stdin.")
+    history: list[StrictStr] = Field(default_factory=list, description="jupyter_code: earlier cells, oldest first.")
+    session_id: StrictStr | None = Field(None, description="Run in a persistent session (state kept between calls).")
+    timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit; default and ceiling come from the settings.")
+
+
+class RunResult(BaseModel):
+    status: Status
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_s: float = Field(0.0, description="Time the cell ran (from hand-off to the child until it was done).")
+    queue_s: float = Field(0.0, description="Time the call waited for a worker.")
+    session_new: bool | None = Field(None, description="Session mode: true when this call started a fresh interpreter.")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.exit_code == 0
+
+
+def error_result(status: Status, message: str) -> RunResult:
+    return RunResult(status=status, stderr=message)
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    requests: list[Any] = Field(..., description="RunRequest objects; each is validated on its own so one bad item fails alone.")
+
+
+class BatchResult(BaseModel):
+    results: list[RunResult]
+
+
+class VerifyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    response: StrictStr
+    gold: StrictStr
+    timeout_s: float | None = Field(None, gt=0)
+
+
+class VerifyResult(BaseModel):
+    correct: bool
+    status: Status = Field(description="ok when the checker ran to the end; timeout/error otherwise (then correct is false).")
+    duration_s: float = 0.0
+    detail: str = ""
+
+
+# ------------------------------------------------------------------------------------------ code-judge
+CodeJudgeReason = Literal["", "worker_timeout", "queue_timeout", "internal_error", "invalid_input"]
+
+
+class CodeJudgeSubmission(BaseModel):
+    """code-judge's `Submission`; `solution` is validated by us so a bad one yields a result, not a 422."""
+
+    sub_id: str | None = None
+    type: str
+    options: dict[str, Any] | None = None
+    solution: Any = None
+    input: Any = None
+    expected_output: str | None = None
+
+
+class CodeJudgeResult(BaseModel):
+    sub_id: str
+    success: bool
+    run_success: bool
+    cost: float
+    stdout: str | None = None
+    stderr: str | None = None
+    reason: CodeJudgeReason = ""
+
+
+class CodeJudgeBatch(BaseModel):
+    sub_id: str | None = None
+    type: Literal["batch"] = "batch"
+    submissions: list[Any] = Field(..., min_length=1)
+
+
+class CodeJudgeBatchResult(BaseModel):
+    sub_id: str
+    results: list[CodeJudgeResult]
+
+
+_REASONS: dict[str, CodeJudgeReason] = {
+    "timeout": "worker_timeout",
+    "queue_timeout": "queue_timeout",
+    "internal_error": "internal_error",
+    "invalid_input": "invalid_input",
+}
+
+
+def to_code_judge(result: RunResult, sub_id: str | None = None, expected_output: str | None = None) -> CodeJudgeResult:
+    """Our result in code-judge's shape: run_success is a clean exit; success also checks expected_output."""
+    run_success = result.ok
+    success = run_success
+    if expected_output is not None:
+        success = run_success and _same_output(result.stdout, expected_output)
+    return CodeJudgeResult(
+        sub_id=sub_id or str(uuid.uuid4()),
+        success=success,
+        run_success=run_success,
+        cost=result.duration_s,
+        stdout=result.stdout,
+        stderr=result.stderr,
+        reason=_REASONS.get(result.status, ""),
+    )
+
+
+def _same_output(got: str, expected: str) -> bool:
+    def norm(text: str) -> list[str]:
+        return [line.rstrip() for line in text.strip().splitlines()]
+
+    return norm(got) == norm(expected)
+
+
+def request_from_submission(sub: CodeJudgeSubmission) -> RunRequest | RunResult:
+    """A code-judge submission as our request, or the invalid_input result explaining why it cannot run."""
+    if sub.type != "python":
+        return error_result("invalid_input", f"unsupported submission type {sub.type!r}: this sandbox runs python")
+    if not isinstance(sub.solution, str):
+        return error_result("invalid_input", f"solution must be a string, not {type(sub.solution).__name__}")
+    if sub.input is not None and not isinstance(sub.input, str):
+        return error_result("invalid_input", f"input must be a string, not {type(sub.input).__name__}")
+    return RunRequest(code=sub.solution, input=sub.input)
+
+
+def parse_run_request(obj: Any) -> RunRequest | RunResult:
+    """Validate one of our requests; a clear invalid_input result instead of an exception."""
+    if isinstance(obj, RunRequest):
+        return obj
+    try:
+        return RunRequest.model_validate(obj)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'request'}: {e['msg']}" for e in exc.errors())
+        return error_result("invalid_input", f"invalid request: {problems}")
+
+
+def is_code_judge(obj: Any) -> bool:
+    return isinstance(obj, dict) and ("solution" in obj or "submissions" in obj)

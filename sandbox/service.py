@@ -1,0 +1,129 @@
+"""HTTP service: thin FastAPI routes over one SandboxPool.
+
+`/run` and `/run/batch` speak two dialects, told apart by their fields: ours (`code`, `tool`, ...) and
+rStar2-Agent's code-judge (`solution`, `type`; batches as `{"type": "batch", "submissions": [...]}`), so
+rStar2-Agent's verl tools and scripts can point here unchanged. `/run/long-batch` is code-judge's batch
+with a long queue wait. Bad input of any kind gets a result with status `invalid_input` (HTTP 400 only when
+the body is not JSON at all); nothing a client sends can take the service down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from .pool import SandboxPool
+from .schemas import (BatchResult, CodeJudgeBatch, CodeJudgeBatchResult, CodeJudgeSubmission, RunResult,
+                      VerifyRequest, error_result, is_code_judge, request_from_submission, to_code_judge)
+from .settings import SandboxSettings
+
+log = logging.getLogger("rstar.sandbox")
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class BadBody(Exception):
+    pass
+
+
+async def _json_body(request: Request) -> Any:
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise BadBody(f"request body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadBody(f"request body is not valid JSON: {exc}") from exc
+
+
+def _invalid(message: str, status_code: int = 400) -> JSONResponse:
+    return JSONResponse(error_result("invalid_input", message).model_dump(), status_code=status_code)
+
+
+def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None = None) -> FastAPI:
+    """The service; it owns `pool` (started on startup, closed on shutdown)."""
+    pool = pool or SandboxPool(settings or SandboxSettings())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.close()
+
+    app = FastAPI(title="rstar sandbox", lifespan=lifespan)
+    app.state.pool = pool
+
+    @app.exception_handler(BadBody)
+    async def bad_body(_: Request, exc: BadBody) -> JSONResponse:
+        return _invalid(str(exc))
+
+    async def run_code_judge(sub_obj: Any, queue_timeout_s: float | None = None) -> dict:
+        try:
+            sub = CodeJudgeSubmission.model_validate(sub_obj)
+        except Exception as exc:  # noqa: BLE001 - any malformed submission is the client's input error
+            return to_code_judge(error_result("invalid_input", f"invalid submission: {exc}")).model_dump()
+        request = request_from_submission(sub)
+        result = request if isinstance(request, RunResult) else (
+            await pool.run_batch([request], queue_timeout_s))[0]
+        return to_code_judge(result, sub.sub_id, sub.expected_output).model_dump()
+
+    @app.post("/run")
+    async def run(request: Request) -> Any:
+        body = await _json_body(request)
+        if is_code_judge(body):
+            return await run_code_judge(body)
+        return (await pool.run(body)).model_dump()
+
+    async def batch(body: Any, queue_timeout_s: float | None) -> Any:
+        if is_code_judge(body) or (isinstance(body, dict) and body.get("type") == "batch"):
+            try:
+                cj = CodeJudgeBatch.model_validate(body)
+            except Exception as exc:  # noqa: BLE001
+                return _invalid(f"invalid batch: {exc}", 422)
+            results = await asyncio.gather(*(run_code_judge(s, queue_timeout_s) for s in cj.submissions))
+            return CodeJudgeBatchResult(sub_id=cj.sub_id or str(uuid.uuid4()), results=results).model_dump()
+        items = body.get("requests") if isinstance(body, dict) else body
+        if not isinstance(items, list):
+            return _invalid("a batch is a JSON list of requests, or {\"requests\": [...]}", 422)
+        return BatchResult(results=await pool.run_batch(items, queue_timeout_s)).model_dump()
+
+    @app.post("/run/batch")
+    async def run_batch(request: Request) -> Any:
+        return await batch(await _json_body(request), None)
+
+    @app.post("/run/long-batch")
+    async def run_long_batch(request: Request) -> Any:
+        return await batch(await _json_body(request), pool.settings.long_batch_queue_timeout_s)
+
+    @app.post("/verify")
+    async def verify(request: Request) -> Any:
+        body = await _json_body(request)
+        try:
+            req = VerifyRequest.model_validate(body)
+        except Exception as exc:  # noqa: BLE001
+            return _invalid(f"invalid verify request: {exc}", 422)
+        return (await pool.verify(req.response, req.gold, req.timeout_s)).model_dump()
+
+    @app.delete("/sessions/{session_id}")
+    async def close_session(session_id: str) -> dict:
+        await pool.close_session(session_id)
+        return {"closed": session_id}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        report = pool.health()
+        return JSONResponse(report, status_code=200 if report["status"] == "ok" else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(pool.render_metrics(), media_type="text/plain; version=0.0.4")
+
+    return app
