@@ -1,0 +1,287 @@
+"""The agent loop, token-in/token-out: generate a turn, parse its tool calls, run them in the sandbox,
+append the tool turn's tokens, and continue, until a turn has no call, the turn limit, or the one token
+budget of the whole trajectory (tool tokens count, as in the paper) runs out.
+
+History is never re-tokenized: the prompt is encoded once, sampled tokens are kept as sampled, and tool
+turns come from the bridge (`tool_results.tool_turn_ids`). `run_agent` yields events as they happen, for
+an API stream; closing it (client gone) or cancelling its task aborts the engine request and cancels a
+running tool job. `run_trajectory` drains it for callers that only want the Trajectory (evals, RL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rstar.server.builtin_tools import BUILTIN_TOOLS, JUPYTER_TOOL, CodeExecutor, ToolRun, code_argument, run_builtin_call
+from rstar.server.chat_template import ChatTemplate
+from rstar.server.engine import SamplingOptions, TokenEngine
+from rstar.server.tool_calls import (
+    StreamEvent,
+    ToolCall,
+    ToolCallEnded,
+    ToolCallStreamParser,
+    parse_tool_calls,
+)
+from rstar.server.tool_results import TruncateSide, tool_turn_ids
+from rstar.server.trajectory import ToolCallRecord, Trajectory, Turn
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    # Assistant turns per trajectory. The paper used 10 (RL stages 1-2), 15 (stage 3) and 30 (evaluation);
+    # serving defaults to the evaluation setting.
+    max_turns: int = 30
+    # Tokens after the prompt, sampled and tool tokens together; None: whatever the context window leaves.
+    max_response_tokens: int | None = None
+    # Calls executed per turn; later calls in the same turn are ignored, as in the released loop (1).
+    max_parallel_calls: int = 1
+    # Second cut of an execution's result text (the sandbox already cuts stdout and stderr to 1000 chars
+    # each). None keeps it: the released loop's 256 is verl's unchanged default and hides most tracebacks;
+    # RL recipes that want the released behaviour set 256 and "middle".
+    max_tool_response_chars: int | None = None
+    truncate_side: TruncateSide = "middle"
+    # Tools the API client declared: a call to one ends the loop with stop reason "tool_calls".
+    client_tools: frozenset[str] = frozenset()
+    logprobs: bool = True
+
+    def __post_init__(self):
+        if self.max_turns < 1 or self.max_parallel_calls < 1:
+            raise ValueError("max_turns and max_parallel_calls must be at least 1")
+
+
+# Loop events, besides the parser's StreamEvents (text, tool call started / arguments / ended).
+
+
+@dataclass(frozen=True)
+class TurnStarted:
+    turn: int
+
+
+@dataclass(frozen=True)
+class ToolExecutionStarted:
+    index: int  # the call's index across the trajectory
+    name: str
+    code: str
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    record: ToolCallRecord
+
+
+@dataclass(frozen=True)
+class TurnEnded:
+    turn: int
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class Done:
+    trajectory: Trajectory
+
+
+LoopEvent = TurnStarted | StreamEvent | ToolExecutionStarted | ToolResult | TurnEnded | Done
+
+
+@dataclass
+class _Sampled:
+    """What one turn's generation produced."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+async def run_agent(
+    engine: TokenEngine,
+    template: ChatTemplate,
+    messages: Sequence[Mapping],
+    tools: Sequence[Mapping],
+    sampling: SamplingOptions,
+    executor: CodeExecutor,
+    config: LoopConfig = LoopConfig(),
+    request_id: str | None = None,
+) -> AsyncIterator[LoopEvent]:
+    """Run one trajectory; the last event is Done(trajectory).
+
+    sampling: the client's options; max_tokens, logprobs and special-token handling are set per turn.
+    tools: the schemas listed in the prompt (built-in and client-declared).
+    """
+    request_id = request_id or uuid.uuid4().hex
+    prompt_ids = template.encode(messages, tools, add_generation_prompt=True)
+    context_left = engine.max_model_len - len(prompt_ids)
+    budget = min(config.max_response_tokens or context_left, context_left)
+    trajectory = Trajectory(
+        prompt_ids=prompt_ids,
+        logprobs=[] if config.logprobs else None,
+        weight_version=engine.weight_version,
+        model=engine.model_name,
+    )
+    turn_end_ids = template.encode_text(template.turn_end.rstrip())
+    jupyter_cells = prior_jupyter_cells(messages)
+    next_call_index = 0
+
+    for turn in range(config.max_turns):  # every path through the last turn ends in a break
+        if budget - len(trajectory.response_ids) <= 0:
+            trajectory.stop_reason = "length"
+            break
+        yield TurnStarted(turn)
+        options = dataclasses.replace(
+            sampling,
+            max_tokens=budget - len(trajectory.response_ids),
+            stop_token_ids=tuple(dict.fromkeys((*sampling.stop_token_ids, *turn_end_ids))),
+            logprobs=0 if config.logprobs else None,
+            skip_special_tokens=True,
+            include_stop_str_in_output=False,
+        )
+        parser = ToolCallStreamParser(in_reasoning=template.starts_in_reasoning, first_index=next_call_index)
+        sampled = _Sampled()
+        weight_version = engine.weight_version
+        async with contextlib.aclosing(engine.generate(prompt_ids + trajectory.response_ids, options, f"{request_id}-{turn}")) as stream:
+            async for delta in stream:
+                sampled.token_ids += delta.token_ids
+                sampled.logprobs += delta.logprobs or []
+                sampled.text += delta.text
+                for event in parser.feed(delta.text):
+                    yield event
+                if delta.finished:
+                    sampled.finish_reason, sampled.stop_reason = delta.finish_reason, delta.stop_reason
+        for event in parser.finish():
+            yield event
+
+        start = len(trajectory.response_ids)
+        _append(trajectory, sampled.token_ids, mask=1, logprobs=sampled.logprobs if config.logprobs else None)
+        trajectory.turns.append(Turn(start, len(trajectory.response_ids), sampled.text, sampled.finish_reason, weight_version))
+        yield TurnEnded(turn, sampled.finish_reason)
+
+        if sampled.finish_reason in ("length", "abort"):
+            trajectory.stop_reason = sampled.finish_reason
+            break
+        # A client stop string ends the trajectory where it stands; the end-of-turn token ends only the turn.
+        calls = [] if sampled.stop_reason in sampling.stop else parse_tool_calls(sampled.text)
+        calls = [dataclasses.replace(call, index=next_call_index + call.index) for call in calls][: config.max_parallel_calls]
+        if not calls:
+            trajectory.stop_reason = "stop"
+            break
+        if turn + 1 == config.max_turns:
+            trajectory.stop_reason = "max_turns"
+            break
+        next_call_index += len(parser.calls)
+        if any(call.name in config.client_tools for call in calls):
+            trajectory.tool_calls += [_record(turn, call, None) for call in calls]
+            trajectory.stop_reason = "tool_calls"
+            break
+
+        records = []
+        async for event in _run_calls(turn, calls, executor, jupyter_cells, config):
+            if isinstance(event, ToolResult):
+                records.append(event.record)
+            yield event
+        trajectory.tool_calls += records
+
+        sampled_turn_end = template.turn_end.rstrip() if sampled.token_ids[-len(turn_end_ids) :] == turn_end_ids else ""
+        tool_ids = tool_turn_ids(template, [record.response for record in records], sampled_turn_end)
+        # As released: a tool turn that would use up the budget ends the trajectory instead (the model
+        # would have no room to answer), and the last tokens stay the model's own.
+        if len(trajectory.response_ids) + len(tool_ids) >= budget:
+            trajectory.stop_reason = "length"
+            break
+        _append(trajectory, tool_ids, mask=0, logprobs=[0.0] * len(tool_ids) if config.logprobs else None)
+
+    yield Done(trajectory)
+
+
+async def run_trajectory(*args, **kwargs) -> Trajectory:
+    """run_agent without the events."""
+    async with contextlib.aclosing(run_agent(*args, **kwargs)) as events:
+        async for event in events:
+            if isinstance(event, Done):
+                return event.trajectory
+    raise RuntimeError("the agent loop ended without a trajectory")
+
+
+def _append(trajectory: Trajectory, token_ids: list[int], mask: int, logprobs: list[float] | None) -> None:
+    trajectory.response_ids += token_ids
+    trajectory.response_mask += [mask] * len(token_ids)
+    if logprobs is not None:
+        if len(logprobs) != len(token_ids):
+            raise RuntimeError(f"engine returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
+        trajectory.logprobs += logprobs
+
+
+async def _run_calls(
+    turn: int, calls: list[ToolCall], executor: CodeExecutor, jupyter_cells: list[str], config: LoopConfig
+) -> AsyncIterator[LoopEvent]:
+    """Run one turn's calls concurrently; results come out in call order.
+
+    A jupyter cell replays the cells before it, including earlier calls of the same turn (as released).
+    `jupyter_cells` grows with every jupyter call that had runnable code, whatever its outcome.
+    """
+    jobs = []
+    for call in calls:
+        replay = list(jupyter_cells)
+        arguments = code_argument(call) if call.decode_error is None and call.name in BUILTIN_TOOLS else None
+        if isinstance(arguments, tuple):
+            yield ToolExecutionStarted(call.index, call.name, arguments[0])
+            if call.name == JUPYTER_TOOL:
+                jupyter_cells.append(arguments[0])
+        jobs.append(
+            asyncio.ensure_future(run_builtin_call(call, executor, replay, config.max_tool_response_chars, config.truncate_side))
+        )
+    try:
+        for call, job in zip(calls, jobs):
+            yield ToolResult(_record(turn, call, await job))
+    finally:
+        # Closing the event stream early (client gone) must not leave sandbox jobs running.
+        for job in jobs:
+            job.cancel()
+
+
+def _record(turn: int, call: ToolCall, run: ToolRun | None) -> ToolCallRecord:
+    record = ToolCallRecord(
+        turn=turn, index=call.index, raw=call.raw, name=call.name, arguments=call.arguments, decode_error=call.decode_error, response=None
+    )
+    if run is None:
+        return record
+    record.response, record.started_at, record.wall_s = run.response, run.started_at, run.wall_s
+    if run.result is not None:
+        result = run.result
+        record.success, record.stdout, record.stderr = result.success, result.stdout, result.stderr
+        record.exec_reason, record.exec_duration_s = result.reason, result.duration_s
+    return record
+
+
+def prior_jupyter_cells(messages: Sequence[Mapping]) -> list[str]:
+    """Code of the `jupyter_code` calls in a conversation's assistant messages, to replay before new cells."""
+    cells = []
+    for message in messages:
+        if message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", call)
+            if function.get("name") == JUPYTER_TOOL:
+                arguments = code_argument(ToolCall(index=0, raw="", name=JUPYTER_TOOL, arguments=function.get("arguments")))
+                if isinstance(arguments, tuple):
+                    cells.append(arguments[0])
+    return cells
+
+
+def trajectory_messages(template: ChatTemplate, messages: Sequence[Mapping], trajectory: Trajectory) -> list[dict]:
+    """The conversation a trajectory is, as chat messages: the prompt's, then each sampled turn as an
+    assistant message (the forced generation prefix + its text, special tokens kept) and each tool turn's
+    responses as tool messages. The template renders these to the trajectory's exact text."""
+    conversation = [dict(message) for message in messages]
+    closing = template.turn_end.rstrip()
+    for number, turn in enumerate(trajectory.turns):
+        text = template.tokenizer.decode(trajectory.response_ids[turn.start : turn.end], skip_special_tokens=False)
+        text = text[: -len(closing)] if closing and text.endswith(closing) else text
+        conversation.append({"role": "assistant", "content": template.generation_prefix + text})
+        conversation += [{"role": "tool", "content": call.response} for call in trajectory.tool_calls if call.turn == number and call.response is not None]
+    return conversation

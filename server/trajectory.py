@@ -1,0 +1,73 @@
+"""A Trajectory: everything one agent-loop run produced, at token level, JSON-serializable.
+
+The response is every token after the prompt: the model's sampled turns (mask 1) interleaved with tool
+turns (mask 0: the template's closing/opening text and the tool responses). RL trains on mask-1 tokens
+with `logprobs` as the old policy; the server and evals read `turns` and `tool_calls`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+# stop: the model ended a turn without a tool call (its answer); length: the token budget ran out (while
+# sampling, or the next tool turn would not fit); max_turns: the turn limit came with a call pending;
+# tool_calls: the model called a client-declared tool, which the client runs; abort: the engine aborted.
+StopReason = Literal["stop", "length", "max_turns", "tool_calls", "abort"]
+
+
+@dataclass
+class ToolCallRecord:
+    turn: int
+    index: int  # across the trajectory, in call order
+    raw: str  # the text between <tool_call> and </tool_call>
+    name: Any
+    arguments: Any
+    decode_error: str | None
+    response: str | None  # what the model was shown; None for a client tool, whose result comes later
+    # The execution, when code ran (code-judge's terms).
+    success: bool | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    exec_reason: str | None = None
+    exec_duration_s: float | None = None  # as the sandbox measured it
+    started_at: float | None = None  # unix time
+    wall_s: float | None = None  # including sandbox queueing
+
+
+@dataclass
+class Turn:
+    """One sampled assistant turn; its tokens are response_ids[start:end]."""
+
+    start: int
+    end: int
+    text: str  # as decoded for clients (special tokens skipped)
+    finish_reason: str | None  # the engine's: stop, length or abort
+    weight_version: int
+
+
+@dataclass
+class Trajectory:
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)  # 1 = sampled by the model, 0 = tool/template
+    logprobs: list[float] | None = None  # one per response token (0.0 where mask is 0); None if not asked
+    turns: list[Turn] = field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    stop_reason: StopReason | None = None
+    weight_version: int = 0  # the engine's at the first turn; per-turn versions are in `turns`
+    model: str = ""
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return sum(self.response_mask)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Trajectory":
+        data = dict(data)
+        data["turns"] = [Turn(**turn) for turn in data.get("turns", [])]
+        data["tool_calls"] = [ToolCallRecord(**call) for call in data.get("tool_calls", [])]
+        return cls(**data)

@@ -1,0 +1,333 @@
+"""The token-in/token-out agent loop on a scripted engine and the real default-model tokenizer: token
+exactness against the rendered conversation, budgets, turn limits, parallel calls, events, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import pytest
+
+from rstar.server.agent_loop import (
+    Done,
+    LoopConfig,
+    ToolExecutionStarted,
+    ToolResult,
+    TurnEnded,
+    TurnStarted,
+    prior_jupyter_cells,
+    run_agent,
+    run_trajectory,
+    trajectory_messages,
+)
+from rstar.server.builtin_tools import JUPYTER_TOOL, PYTHON_TOOL, builtin_tool_schemas
+from rstar.server.chat_template import choose_template, rstar_template
+from rstar.server.engine import SamplingOptions, TokenDelta
+from rstar.server.tool_calls import TextDelta, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
+from rstar.server.tool_results import ExecResult, tool_turn_text
+from rstar.server.trajectory import Trajectory
+
+QUESTION = [{"role": "user", "content": "How many positive divisors does 2024 have?"}]
+TOOLS = builtin_tool_schemas([PYTHON_TOOL, JUPYTER_TOOL])
+SAMPLING = SamplingOptions(max_tokens=1, temperature=0.6)
+
+
+def call(code: str, name: str = PYTHON_TOOL) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": {"code": code, "input": ""}}) + "\n</tool_call>"
+
+
+class ScriptedEngine:
+    """Speaks TokenEngine: each generate() plays the next scripted turn, three tokens per delta, ending it
+    with the end-of-turn token unless max_tokens cuts it first."""
+
+    model_name = "scripted"
+
+    def __init__(self, tokenizer, turns: list[str], max_model_len: int = 4096):
+        self.tokenizer, self.turns, self.max_model_len = tokenizer, list(turns), max_model_len
+        self.weight_version = 7
+        self.end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.requests: list[tuple[list[int], SamplingOptions]] = []
+        self.closed_early: list[str] = []
+
+    async def generate(self, prompt_ids, options, request_id=None):
+        self.requests.append((list(prompt_ids), options))
+        ids = self.tokenizer.encode(self.turns.pop(0), add_special_tokens=False) + [self.end_of_turn]
+        finish = "stop"
+        if len(ids) > options.max_tokens:
+            ids, finish = ids[: options.max_tokens], "length"
+        finished = False
+        try:
+            for start in range(0, len(ids), 3):
+                chunk = ids[start : start + 3]
+                finished = start + 3 >= len(ids)
+                await asyncio.sleep(0)
+                yield TokenDelta(
+                    token_ids=chunk,
+                    text=self.tokenizer.decode(chunk, skip_special_tokens=True),
+                    logprobs=[-0.5] * len(chunk),
+                    finished=finished,
+                    finish_reason=finish if finished else None,
+                )
+        finally:
+            if not finished:
+                self.closed_early.append(request_id)
+
+    async def abort(self, request_id):
+        self.closed_early.append(request_id)
+
+
+class ScriptedExecutor:
+    def __init__(self, outputs: dict[str, str] | None = None, block: bool = False):
+        self.outputs, self.block = outputs or {}, block
+        self.calls: list[tuple[str, str, list[str]]] = []
+        self.cancelled = False
+
+    async def execute(self, code, stdin, replay):
+        self.calls.append((code, stdin, list(replay)))
+        if self.block:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+        return ExecResult(success=True, stdout=self.outputs.get(code, ""), duration_s=0.25)
+
+
+def run(engine, executor, template, config=LoopConfig(), messages=QUESTION, tools=TOOLS) -> Trajectory:
+    return asyncio.run(run_trajectory(engine, template, messages, tools, SAMPLING, executor, config))
+
+
+TWO_TOOL_TURNS = [
+    "The divisors come from the factorization.\n" + call("import sympy\nprint(sympy.factorint(2024))"),
+    "So 2024 = 2^3 * 11 * 23. Let me count.\n" + call("print(4 * 2 * 2)"),
+    "There are 16.</reason>\n<answer>\\boxed{16}</answer>",
+]
+OUTPUTS = {"import sympy\nprint(sympy.factorint(2024))": "{2: 3, 11: 1, 23: 1}\n", "print(4 * 2 * 2)": "16\n"}
+
+
+@pytest.fixture(params=["rstar", "model"])
+def template(request, default_tokenizer):
+    """The rStar template, and the default model's own template with the tool protocol injected."""
+    return rstar_template(default_tokenizer) if request.param == "rstar" else choose_template(default_tokenizer, "SmolLM2-135M-Instruct")
+
+
+def test_token_stream_equals_the_rendered_conversation(template, default_tokenizer):
+    engine = ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS)
+    trajectory = run(engine, ScriptedExecutor(OUTPUTS), template)
+    assert trajectory.stop_reason == "stop" and len(trajectory.turns) == 3
+
+    conversation = trajectory_messages(template, QUESTION, trajectory)
+    rendered = template.render(conversation, TOOLS, add_generation_prompt=False)
+    stream = default_tokenizer.decode(trajectory.prompt_ids + trajectory.response_ids, skip_special_tokens=False)
+    # The only difference: the newline after the final <|im_end|>, which belongs to the next turn's opening.
+    assert rendered == stream + "\n"
+    assert template.encode(conversation, TOOLS, add_generation_prompt=False) == trajectory.prompt_ids + trajectory.response_ids + template.encode_text("\n")
+
+
+def test_mask_zero_tokens_are_exactly_the_tool_turns(template, default_tokenizer):
+    trajectory = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template)
+    spans, current = [], []
+    for token, mask in zip(trajectory.response_ids, trajectory.response_mask):
+        if mask == 0:
+            current.append(token)
+        elif current:
+            spans.append(current)
+            current = []
+    responses = [[call.response] for call in trajectory.tool_calls]
+    assert [default_tokenizer.decode(span, skip_special_tokens=False) for span in spans] == [
+        tool_turn_text(template, response, "<|im_end|>") for response in responses
+    ]
+    # The newline after <|im_end|> is deliberate: the template's, kept so the stream equals the render.
+    assert all(default_tokenizer.decode(span[:1]) == "\n" for span in spans)
+    assert "stdout: {2: 3, 11: 1, 23: 1}\n" in responses[0][0]
+
+
+def test_never_retokenizes_history(default_tokenizer):
+    engine = ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS)
+    trajectory = run(engine, ScriptedExecutor(OUTPUTS), rstar_template(default_tokenizer))
+    full = trajectory.prompt_ids + trajectory.response_ids
+    for prompt, _ in engine.requests:
+        assert full[: len(prompt)] == prompt
+    assert [len(prompt) for prompt, _ in engine.requests][0] == len(trajectory.prompt_ids)
+    turn_starts = [len(trajectory.prompt_ids) + turn.start for turn in trajectory.turns]
+    assert [len(prompt) for prompt, _ in engine.requests] == turn_starts
+
+
+def test_trajectory_records_logprobs_calls_and_versions(default_tokenizer):
+    trajectory = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), rstar_template(default_tokenizer))
+    assert len(trajectory.logprobs) == len(trajectory.response_ids) == len(trajectory.response_mask)
+    assert {lp for lp, m in zip(trajectory.logprobs, trajectory.response_mask) if m == 1} == {-0.5}
+    assert {lp for lp, m in zip(trajectory.logprobs, trajectory.response_mask) if m == 0} == {0.0}
+    assert [(c.turn, c.index, c.name, c.success, c.stdout, c.exec_duration_s) for c in trajectory.tool_calls] == [
+        (0, 0, PYTHON_TOOL, True, "{2: 3, 11: 1, 23: 1}\n", 0.25),
+        (1, 1, PYTHON_TOOL, True, "16\n", 0.25),
+    ]
+    assert all(c.wall_s >= 0 and c.started_at > 0 for c in trajectory.tool_calls)
+    assert trajectory.weight_version == 7 and {t.weight_version for t in trajectory.turns} == {7}
+    assert trajectory.turns[-1].text.endswith("<answer>\\boxed{16}</answer>")
+    assert Trajectory.from_dict(json.loads(json.dumps(trajectory.to_dict()))) == trajectory
+
+
+def test_one_budget_for_the_whole_trajectory(default_tokenizer):
+    template = rstar_template(default_tokenizer)
+    full = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template)
+    budget = full.turns[2].start + 5  # the third turn gets only what the first two and both tool turns left
+    engine = ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS)
+    cut = run(engine, ScriptedExecutor(OUTPUTS), template, LoopConfig(max_response_tokens=budget))
+    assert [options.max_tokens for _, options in engine.requests] == [budget, budget - full.turns[1].start, 5]
+    assert cut.stop_reason == "length" and len(cut.response_ids) == budget
+    assert cut.response_ids == full.response_ids[:budget]
+
+
+def test_a_tool_turn_that_would_fill_the_budget_ends_the_trajectory(default_tokenizer):
+    template = rstar_template(default_tokenizer)
+    full = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template)
+    budget = full.turns[1].start  # first turn + its tool turn exactly fill it
+    cut = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template, LoopConfig(max_response_tokens=budget))
+    assert cut.stop_reason == "length"
+    assert cut.response_ids == full.response_ids[: full.turns[0].end]  # the last tokens are the model's
+    assert set(cut.response_mask) == {1}
+    assert len(cut.tool_calls) == 1  # it ran; its result did not fit
+
+
+def test_context_window_caps_the_budget(default_tokenizer):
+    template = rstar_template(default_tokenizer)
+    prompt_len = len(template.encode(QUESTION, TOOLS))
+    engine = ScriptedEngine(default_tokenizer, ["Short answer."], max_model_len=prompt_len + 3)
+    trajectory = run(engine, ScriptedExecutor(), template, LoopConfig(max_response_tokens=1000))
+    assert engine.requests[0][1].max_tokens == 3
+    assert trajectory.stop_reason == "length"
+
+
+def test_turn_limit_stops_before_running_the_pending_call(default_tokenizer):
+    executor = ScriptedExecutor(OUTPUTS)
+    trajectory = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), executor, rstar_template(default_tokenizer), LoopConfig(max_turns=2))
+    assert trajectory.stop_reason == "max_turns"
+    assert len(trajectory.turns) == 2 and len(executor.calls) == 1
+    assert trajectory.response_mask[-1] == 1
+
+
+def test_no_call_ends_after_one_turn(default_tokenizer):
+    trajectory = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS[2:]), ScriptedExecutor(), rstar_template(default_tokenizer))
+    assert trajectory.stop_reason == "stop" and trajectory.tool_calls == [] and set(trajectory.response_mask) == {1}
+
+
+def test_only_the_first_call_of_a_turn_runs_by_default(default_tokenizer):
+    turns = ["Two at once.\n" + call("print(1)") + "\n" + call("print(2)"), "Done.</reason><answer>1</answer>"]
+    executor = ScriptedExecutor()
+    trajectory = run(ScriptedEngine(default_tokenizer, turns), executor, rstar_template(default_tokenizer))
+    assert [code for code, _, _ in executor.calls] == ["print(1)"]
+    assert len(trajectory.tool_calls) == 1
+
+
+def test_parallel_calls_share_one_tool_turn(default_tokenizer):
+    turns = ["Two at once.\n" + call("print(1)") + "\n" + call("print(2)"), "Done.</reason><answer>1</answer>"]
+    executor = ScriptedExecutor({"print(1)": "1\n", "print(2)": "2\n"})
+    template = rstar_template(default_tokenizer)
+    trajectory = run(ScriptedEngine(default_tokenizer, turns), executor, template, LoopConfig(max_parallel_calls=2))
+    assert sorted(code for code, _, _ in executor.calls) == ["print(1)", "print(2)"]
+    tool_text = default_tokenizer.decode([t for t, m in zip(trajectory.response_ids, trajectory.response_mask) if m == 0], skip_special_tokens=False)
+    assert tool_text.count("<|im_start|>user") == 1 and tool_text.count("<tool_response>") == 2
+    assert tool_text.index("stdout: 1") < tool_text.index("stdout: 2")
+
+
+def test_malformed_call_is_answered_with_the_decode_error(default_tokenizer):
+    turns = ['Oops.\n<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "1"\n</tool_call>', "Fine.</reason>"]
+    executor = ScriptedExecutor()
+    trajectory = run(ScriptedEngine(default_tokenizer, turns), executor, rstar_template(default_tokenizer))
+    assert executor.calls == []
+    assert trajectory.tool_calls[0].response.startswith("Failed to decode tool call: Expecting ',' delimiter")
+    assert "<tool_response>\nFailed to decode tool call:" in default_tokenizer.decode(trajectory.response_ids, skip_special_tokens=False)
+
+
+def test_jupyter_cells_replay_earlier_ones_including_from_the_conversation(default_tokenizer):
+    history = [
+        *QUESTION,
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": JUPYTER_TOOL, "arguments": '{"code": "a = 1"}'}}]},
+        {"role": "tool", "content": "Tool call success\nexecution time: 0.01s"},
+    ]
+    assert prior_jupyter_cells(history) == ["a = 1"]
+    turns = [call("b = a + 1", JUPYTER_TOOL), call("b", JUPYTER_TOOL), "2.</reason>"]
+    executor = ScriptedExecutor()
+    run(ScriptedEngine(default_tokenizer, turns), executor, rstar_template(default_tokenizer), messages=history)
+    assert executor.calls == [("b = a + 1", "", ["a = 1"]), ("b", "", ["a = 1", "b = a + 1"])]
+
+
+def test_a_client_declared_tool_ends_the_loop_with_the_call(default_tokenizer):
+    turns = ['<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>']
+    executor = ScriptedExecutor()
+    config = LoopConfig(client_tools=frozenset({"get_weather"}))
+    trajectory = run(ScriptedEngine(default_tokenizer, turns), executor, rstar_template(default_tokenizer), config)
+    assert trajectory.stop_reason == "tool_calls" and executor.calls == []
+    record = trajectory.tool_calls[0]
+    assert (record.name, record.arguments, record.response) == ("get_weather", {"city": "Paris"}, None)
+
+
+def collect_events(engine, executor, template, config=LoopConfig()):
+    async def go():
+        return [event async for event in run_agent(engine, template, QUESTION, TOOLS, SAMPLING, executor, config)]
+
+    return asyncio.run(go())
+
+
+def test_events_stream_reasoning_code_and_results_in_order(default_tokenizer):
+    events = collect_events(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), rstar_template(default_tokenizer))
+    kinds = []
+    for event in events:
+        kind = type(event).__name__
+        if not kinds or kinds[-1] != kind or kind not in ("TextDelta", "ToolCallArgumentsDelta"):
+            kinds.append(kind)
+    turn = ["TurnStarted", "TextDelta", "ToolCallStarted", "ToolCallArgumentsDelta", "ToolCallEnded", "TurnEnded", "ToolExecutionStarted", "ToolResult"]
+    assert kinds == turn + turn + ["TurnStarted", "TextDelta", "TurnEnded", "Done"]
+    assert [e.code for e in events if isinstance(e, ToolExecutionStarted)] == list(OUTPUTS)
+    assert [e.record.stdout for e in events if isinstance(e, ToolResult)] == list(OUTPUTS.values())
+    reasoning = "".join(e.text for e in events if isinstance(e, TextDelta) and e.reasoning)
+    content = "".join(e.text for e in events if isinstance(e, TextDelta) and not e.reasoning)
+    assert reasoning.startswith("The divisors come from the factorization.\n") and "There are 16." in reasoning
+    assert content == "\n<answer>\\boxed{16}</answer>"
+    assert [e.index for e in events if isinstance(e, ToolCallStarted)] == [0, 1]
+    arguments = "".join(e.text for e in events if isinstance(e, ToolCallArgumentsDelta) and e.index == 1)
+    assert json.loads(arguments) == {"code": "print(4 * 2 * 2)", "input": ""}
+    assert [e.call.index for e in events if isinstance(e, ToolCallEnded)] == [0, 1]
+    assert isinstance(events[-1], Done) and events[-1].trajectory.stop_reason == "stop"
+    assert [e.turn for e in events if isinstance(e, TurnStarted)] == [0, 1, 2]
+    assert [e.finish_reason for e in events if isinstance(e, TurnEnded)] == ["stop"] * 3
+
+
+def test_closing_the_event_stream_aborts_the_engine_request(default_tokenizer):
+    engine = ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS)
+
+    async def go():
+        events = run_agent(engine, rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, ScriptedExecutor(), request_id="r1")
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    break  # the client went away mid-turn
+
+    asyncio.run(go())
+    assert engine.closed_early == ["r1-0"]
+
+
+def test_cancelling_during_a_tool_call_cancels_the_sandbox_job(default_tokenizer):
+    executor = ScriptedExecutor(block=True)
+
+    async def go():
+        started = asyncio.Event()
+
+        async def consume():
+            async for event in run_agent(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, executor):
+                if isinstance(event, ToolExecutionStarted):
+                    started.set()
+
+        task = asyncio.create_task(consume())
+        await started.wait()
+        while not executor.calls:
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0)
+
+    asyncio.run(go())
+    assert executor.cancelled
