@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rstar.sandbox.clients import SandboxClient
+from rstar.sandbox.schemas import RunRequest, to_code_judge
 from rstar.server.tool_calls import ToolCall
 from rstar.server.tool_results import (
     ExecResult,
@@ -88,11 +90,26 @@ def builtin_tool_schemas(names: Sequence[str] = (PYTHON_TOOL,)) -> list[dict]:
 
 
 class CodeExecutor(Protocol):
-    """What runs code: the sandbox's in-process client, or a scripted stand-in in tests."""
+    """What runs code: `SandboxExecutor` over any sandbox client, or a scripted stand-in in tests."""
 
-    async def execute(self, code: str, stdin: str, replay: Sequence[str]) -> ExecResult:
-        """Run `code` with `stdin`, after silently replaying the `replay` cells in the same namespace."""
+    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str]) -> ExecResult:
+        """Run `code` as `tool` with `stdin`, after silently replaying the `replay` cells in the same namespace."""
         ...
+
+
+class SandboxExecutor:
+    """Runs calls through a sandbox client (`rstar.sandbox.clients`: in-process, HTTP or Ray)."""
+
+    def __init__(self, client: SandboxClient):
+        self.client = client
+
+    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str]) -> ExecResult:
+        request = RunRequest(tool=tool, code=code, input=None if tool == JUPYTER_TOOL else stdin, history=list(replay))
+        # The sandbox's own mapping onto code-judge's fields, which the result text is written in.
+        judged = to_code_judge(await self.client.run(request))
+        return ExecResult(
+            success=judged.run_success, stdout=judged.stdout or "", stderr=judged.stderr or "", duration_s=judged.cost, reason=judged.reason
+        )
 
 
 @dataclass(frozen=True)
@@ -153,7 +170,7 @@ async def run_builtin_call(
     replay = jupyter_cells if call.name == JUPYTER_TOOL else ()
     clock = time.perf_counter()
     try:
-        result = await executor.execute(code, stdin, replay)
+        result = await executor.execute(call.name, code, stdin, replay)
     except Exception as exc:  # the sandbox itself failed; the model is told, the trajectory goes on
         return ToolRun(response=execution_error_text(str(exc)), started_at=started_at, wall_s=time.perf_counter() - clock)
     response = truncate_response(render_exec_result(result), max_response_chars, truncate_side)

@@ -83,7 +83,7 @@ class ScriptedExecutor:
         self.calls: list[tuple[str, str, list[str]]] = []
         self.cancelled = False
 
-    async def execute(self, code, stdin, replay):
+    async def execute(self, tool, code, stdin, replay):
         self.calls.append((code, stdin, list(replay)))
         if self.block:
             try:
@@ -331,3 +331,19 @@ def test_cancelling_during_a_tool_call_cancels_the_sandbox_job(default_tokenizer
 
     asyncio.run(go())
     assert executor.cancelled
+
+
+def test_a_trajectory_through_the_real_sandbox(default_tokenizer):
+    from rstar.sandbox.clients import LocalClient
+    from rstar.sandbox.settings import SandboxSettings
+    from rstar.server.builtin_tools import SandboxExecutor
+
+    async def go():
+        async with LocalClient(SandboxSettings()) as client:
+            engine = ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS)
+            return await run_trajectory(engine, rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, SandboxExecutor(client))
+
+    trajectory = asyncio.run(go())
+    assert trajectory.stop_reason == "stop"
+    assert [(c.success, c.stdout) for c in trajectory.tool_calls] == [(True, "{2: 3, 11: 1, 23: 1}\n"), (True, "16\n")]
+    assert trajectory.tool_calls[1].response.startswith("Tool call success\nstdout: 16\n\nexecution time: 0.0")

@@ -174,8 +174,8 @@ class RecordingExecutor:
     def __init__(self, result=ExecResult(success=True, stdout="ok", duration_s=0.01), error=None):
         self.result, self.error, self.calls = result, error, []
 
-    async def execute(self, code, stdin, replay):
-        self.calls.append((code, stdin, list(replay)))
+    async def execute(self, tool, code, stdin, replay):
+        self.calls.append((tool, code, stdin, list(replay)))
         if self.error:
             raise self.error
         return self.result
@@ -204,14 +204,14 @@ def test_both_names_of_the_python_tool_run_with_stdin():
     for name in (PYTHON_TOOL, PYTHON_TOOL_PAPER_NAME):
         text = f'<tool_call>{{"name": "{name}", "arguments": {{"code": "print(input())", "input": "7"}}}}</tool_call>'
         run, executor = dispatch(text, cells=["x = 1"])
-        assert executor.calls == [("print(input())", "7", [])]  # stateless: no replay
+        assert executor.calls == [(name, "print(input())", "7", [])]  # stateless: no replay
         assert run.response == "Tool call success\nstdout: ok\nexecution time: 0.01s"
 
 
 def test_jupyter_replays_earlier_cells_and_ignores_stdin():
     text = '<tool_call>{"name": "jupyter_code", "arguments": {"code": "x ** 2", "input": "ignored"}}</tool_call>'
     _, executor = dispatch(text, cells=["x = 3"])
-    assert executor.calls == [("x ** 2", "", ["x = 3"])]
+    assert executor.calls == [(JUPYTER_TOOL, "x ** 2", "", ["x = 3"])]
 
 
 def test_only_execution_text_is_truncated():
@@ -221,3 +221,32 @@ def test_only_execution_text_is_truncated():
     assert run.response.endswith("execution time: 0.10s")
     error, _ = dispatch(TURNS["unknown_tool"], max_response_chars=5)
     assert error.response == "Error when executing tool: 'WolframAlpha'"
+
+
+def test_sandbox_results_render_as_released():
+    """The real in-process sandbox behind SandboxExecutor: statuses map onto code-judge's reasons."""
+    from rstar.sandbox.clients import LocalClient
+    from rstar.sandbox.settings import SandboxSettings
+    from rstar.server.builtin_tools import SandboxExecutor
+
+    async def go():
+        async with LocalClient(SandboxSettings(timeout_s=0.5)) as client:
+            executor = SandboxExecutor(client)
+            texts = {}
+            for name, code, stdin, replay in [
+                ("stdin", "print(int(input()) * 2)", "21", []),
+                ("echo_last_expression", "x = 6\nx * 7", "", []),
+                ("replayed_cells", "x + y", "", ["x = 40", "y = 2\nprint('not shown')"]),
+                ("program_error", "1/0", "", []),
+                ("timeout", "while True: pass", "", []),
+            ]:
+                tool = JUPYTER_TOOL if replay else PYTHON_TOOL
+                texts[name] = render_exec_result(await executor.execute(tool, code, stdin, replay))
+            return texts
+
+    texts = asyncio.run(go())
+    assert texts["stdin"].startswith("Tool call success\nstdout: 42\n\nexecution time: ")
+    assert texts["echo_last_expression"].startswith("Tool call success\nstdout: 42\n")
+    assert texts["replayed_cells"].startswith("Tool call success\nstdout: 42\n\nexecution time: ")
+    assert texts["program_error"].startswith("Tool call failure\nreason: \nstderr: ZeroDivisionError at line 1: division by zero\n    1/0\n")
+    assert texts["timeout"].startswith("Tool call failure\nreason: worker_timeout\nexecution time: 0.5")
