@@ -1,8 +1,9 @@
 """AIME 2024, AIME 2025 and HMMT February 2025: answer-checked competition math.
 
 The prompt is the bare problem: the rStar template adds the answer instruction (<answer> tags, \\boxed{}).
-Grading is the sandbox's `verify` (math-verify plus integer comparison, so AIME's zero-padded "025" equals 25;
-`\\boxed{}` inside <answer> first, else the last `\\boxed{}`), the same check RL rewards use.
+Grading is the sandbox's answer check, `rstar.sandbox.verify.score`, the same one RL rewards use: math-verify
+plus integer comparison (AIME's zero-padded "025" equals 25), on the `\\boxed{}` inside <answer> first, else
+the last `\\boxed{}`.
 """
 
 from __future__ import annotations
@@ -59,10 +60,13 @@ def build_prompt(doc: Doc, sample_index: int) -> Prompt:
 
 
 def grade(doc: Doc, response: str, sample_index: int) -> Grade:
+    """In-process check. math-verify's own timeouts use SIGALRM (main thread only); a runner that grades
+    untrusted responses at scale can send the same `score` through the sandbox pool instead."""
     # Imported here so that loading the registry does not pull in math-verify and sympy.
-    from rstar.sandbox.verify import verify
+    from rstar.sandbox.verify import extract_answer, score
 
-    return Grade(doc["id"], sample_index, 1.0 if verify(response, doc["answer"]) else 0.0, {"gold": doc["answer"]})
+    correct = score(response, doc["answer"])
+    return Grade(doc["id"], sample_index, 1.0 if correct else 0.0, {"gold": doc["answer"], "predicted": extract_answer(response)})
 
 
 for _name, _source, _load in (
