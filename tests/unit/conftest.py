@@ -1,0 +1,98 @@
+"""Unit-tier fixtures. Sandbox fixtures start real zygotes inside bubblewrap (about a second each)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+
+# The adversarial tests look for this in every place a cell could read the service's environment.
+SANDBOX_CANARY = "rstar-sandbox-canary-7f3a"
+os.environ["SANDBOX_TEST_CANARY"] = SANDBOX_CANARY
+
+
+class SyncPool:
+    """A SandboxPool driven from synchronous tests through its own event loop thread."""
+
+    def __init__(self, settings) -> None:
+        from rstar.sandbox.pool import SandboxPool
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.pool = SandboxPool(settings)
+        self.call(self.pool.start())
+
+    def call(self, coro, timeout: float = 120):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def run(self, code: str = "", **fields):
+        return self.call(self.pool.run({"code": code, **fields}))
+
+    def batch(self, requests: list):
+        return self.call(self.pool.run_batch(requests))
+
+    def settled_processes(self, timeout: float = 5.0) -> list[dict]:
+        """Cell-uid processes once killed ones have had time to exit (SIGKILL is not instantaneous)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            table = self.call(self.pool.processes())
+            if all(p["role"] in ("spare", "session") for p in table) or time.monotonic() > deadline:
+                return table
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.call(self.pool.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture(scope="session")
+def sandbox_settings():
+    from rstar.sandbox.settings import SandboxSettings
+
+    return SandboxSettings(workers=2, timeout_s=2.0, max_processes=16, max_sessions=4)
+
+
+@pytest.fixture(scope="session")
+def sandbox_pool(sandbox_settings):
+    pool = SyncPool(sandbox_settings)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def sandbox_small_pool():
+    """One worker and tight caps, for the limits that need small numbers to be reached quickly."""
+    from rstar.sandbox.settings import SandboxSettings
+
+    settings = SandboxSettings(workers=1, spare_cells=1, timeout_s=2.0, max_output_chars=50, max_output_bytes=20_000,
+                               max_queue=2, queue_timeout_s=1.0, max_sessions=2, session_ttl_s=1.0,
+                               max_code_chars=1000, preload=["numpy"])
+    pool = SyncPool(settings)
+    yield pool
+    pool.close()
+
+
+def sandbox_host_processes(uid_base: int, count: int) -> list[int]:
+    """Host pids running as any cell uid (they should exist only while a pool is up)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as fh:
+                uid = next(int(line.split()[1]) for line in fh if line.startswith("Uid:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+        if uid_base <= uid < uid_base + count:
+            found.append(int(name))
+    return found
+
+
+@pytest.fixture
+def sandbox_host_processes_fn():
+    return sandbox_host_processes
