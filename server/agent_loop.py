@@ -174,16 +174,17 @@ async def run_agent(
             trajectory.stop_reason = "max_turns"
             break
         next_call_index += len(parser.calls)
-        if any(call.name in config.client_tools for call in calls):
+        if any(isinstance(call.name, str) and call.name in config.client_tools for call in calls):
             trajectory.tool_calls += [_record(turn, call, None) for call in calls]
             trajectory.stop_reason = "tool_calls"
             break
 
         records = []
-        async for event in _run_calls(turn, calls, executor, jupyter_cells, config):
-            if isinstance(event, ToolResult):
-                records.append(event.record)
-            yield event
+        async with contextlib.aclosing(_run_calls(turn, calls, executor, jupyter_cells, config)) as running:
+            async for event in running:
+                if isinstance(event, ToolResult):
+                    records.append(event.record)
+                yield event
         trajectory.tool_calls += records
 
         sampled_turn_end = template.turn_end.rstrip() if sampled.token_ids[-len(turn_end_ids) :] == turn_end_ids else ""
@@ -224,24 +225,28 @@ async def _run_calls(
     A jupyter cell replays the cells before it, including earlier calls of the same turn (as released).
     `jupyter_cells` grows with every jupyter call that had runnable code, whatever its outcome.
     """
-    jobs = []
-    for call in calls:
-        replay = list(jupyter_cells)
-        arguments = code_argument(call) if call.decode_error is None and call.name in BUILTIN_TOOLS else None
-        if isinstance(arguments, tuple):
-            yield ToolExecutionStarted(call.index, call.name, arguments[0])
-            if call.name == JUPYTER_TOOL:
-                jupyter_cells.append(arguments[0])
-        jobs.append(
-            asyncio.ensure_future(run_builtin_call(call, executor, replay, config.max_tool_response_chars, config.truncate_side))
-        )
+    jobs: list[asyncio.Future] = []
     try:
+        for call in calls:
+            replay = list(jupyter_cells)
+            arguments = code_argument(call) if _is_builtin(call) else None
+            if isinstance(arguments, tuple):
+                yield ToolExecutionStarted(call.index, call.name, arguments[0])
+                if call.name == JUPYTER_TOOL:
+                    jupyter_cells.append(arguments[0])
+            jobs.append(
+                asyncio.ensure_future(run_builtin_call(call, executor, replay, config.max_tool_response_chars, config.truncate_side))
+            )
         for call, job in zip(calls, jobs):
             yield ToolResult(_record(turn, call, await job))
     finally:
         # Closing the event stream early (client gone) must not leave sandbox jobs running.
         for job in jobs:
             job.cancel()
+
+
+def _is_builtin(call: ToolCall) -> bool:
+    return call.decode_error is None and isinstance(call.name, str) and call.name in BUILTIN_TOOLS
 
 
 def _record(turn: int, call: ToolCall, run: ToolRun | None) -> ToolCallRecord:

@@ -347,3 +347,31 @@ def test_a_trajectory_through_the_real_sandbox(default_tokenizer):
     assert trajectory.stop_reason == "stop"
     assert [(c.success, c.stdout) for c in trajectory.tool_calls] == [(True, "{2: 3, 11: 1, 23: 1}\n"), (True, "16\n")]
     assert trajectory.tool_calls[1].response.startswith("Tool call success\nstdout: 16\n\nexecution time: 0.0")
+
+
+def test_closing_between_parallel_calls_cancels_the_started_job(default_tokenizer):
+    turns = ["Two at once.\n" + call("print(1)") + "\n" + call("print(2)")]
+    executor = ScriptedExecutor(block=True)
+
+    async def go():
+        engine = ScriptedEngine(default_tokenizer, turns)
+        events = run_agent(engine, rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, executor, LoopConfig(max_parallel_calls=2))
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, ToolExecutionStarted) and event.code == "print(2)":
+                    while not executor.calls:  # the first call's job is running in the sandbox
+                        await asyncio.sleep(0)
+                    break
+        await asyncio.sleep(0)
+
+    asyncio.run(go())
+    assert [code for code, _, _ in executor.calls] == ["print(1)"]
+    assert executor.cancelled
+
+
+def test_a_call_whose_name_is_not_a_string_is_answered_not_raised(default_tokenizer):
+    turns = ['<tool_call>{"name": ["python"], "arguments": {}}</tool_call>', "Ok.</reason>"]
+    config = LoopConfig(client_tools=frozenset({"get_weather"}))
+    trajectory = run(ScriptedEngine(default_tokenizer, turns), ScriptedExecutor(), rstar_template(default_tokenizer), config)
+    assert trajectory.tool_calls[0].response == "Error when executing tool: ['python']"
+    assert trajectory.stop_reason == "stop"
