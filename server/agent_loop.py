@@ -23,7 +23,6 @@ from rstar.server.engine import SamplingOptions, TokenEngine
 from rstar.server.tool_calls import (
     StreamEvent,
     ToolCall,
-    ToolCallEnded,
     ToolCallStreamParser,
     parse_tool_calls,
 )
