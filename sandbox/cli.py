@@ -6,7 +6,12 @@ import logging
 
 import typer
 
-app = typer.Typer(help="The isolated Python executor the model's tool calls run in.", no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True)
+
+
+@app.callback()
+def sandbox() -> None:
+    """The isolated Python executor the model's tool calls run in."""
 
 
 @app.command()

@@ -38,8 +38,8 @@ async def _json_body(request: Request) -> Any:
         raise BadBody(f"request body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadBody(f"request body is not valid JSON: {exc}") from exc
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # deep nesting overflows the parser
+        raise BadBody(f"request body is not valid JSON: {type(exc).__name__}: {exc}") from exc
 
 
 def _invalid(message: str, status_code: int = 400) -> JSONResponse:
