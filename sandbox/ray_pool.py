@@ -17,6 +17,7 @@ from .schemas import RunRequest, RunResult, VerifyResult
 from .settings import SandboxSettings
 
 log = logging.getLogger("rstar.sandbox")
+UID_STRIDE = 1000
 
 
 class NodePool:
@@ -70,10 +71,11 @@ class RayPool:
         actor_cls = ray.remote(num_cpus=0, max_concurrency=10_000)(NodePool)
         nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
         for node in nodes:
-            for _ in range(self.settings.ray_pools_per_node):
+            for k in range(self.settings.ray_pools_per_node):
                 strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-                self.actors.append(actor_cls.options(scheduling_strategy=strategy).remote(
-                    self.settings.model_dump()))
+                # Pools on one node get disjoint cell uids: RLIMIT_NPROC counts per uid across the whole host.
+                pool_settings = self.settings.model_dump() | {"uid_base": self.settings.uid_base + k * UID_STRIDE}
+                self.actors.append(actor_cls.options(scheduling_strategy=strategy).remote(pool_settings))
         self.inflight = [0] * len(self.actors)
         # Start every pool now so a missing isolation layer on any node fails here, loudly.
         await asyncio.gather(*(actor.start.remote() for actor in self.actors))

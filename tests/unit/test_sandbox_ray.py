@@ -1,0 +1,38 @@
+"""RayPool on a real local Ray (ray is in the test extra): same interface, pools inside Ray actors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import ray  # noqa: F401 - a missing Ray is an install error here, not a reason to skip
+
+from rstar.sandbox.clients import SandboxClient, connect
+from rstar.sandbox.settings import SandboxSettings
+
+
+def test_ray_pool_runs_cells_on_every_node():
+    settings = SandboxSettings(workers=1, uid_base=64000, preload=["numpy"], ray_pools_per_node=2)
+
+    async def use():
+        client = connect(settings, ray=True)
+        assert isinstance(client, SandboxClient)
+        async with client:
+            one = await client.run({"code": "import numpy as np\nnp.arange(4).sum()"})
+            many = await client.run_batch([{"code": f"print({i})"} for i in range(6)] + [{"code": 5}])
+            session = [await client.run({"code": c, "session_id": "r"}) for c in ("k = 9", "k", "k + 1")]
+            await client.close_session("r")
+            verdict = await client.verify(r"<answer>\boxed{025}</answer>", "25")
+            health = await client.health()
+            processes = await client.processes()
+        return one, many, session, verdict, health, processes
+
+    one, many, session, verdict, health, processes = asyncio.run(use())
+    assert one.stdout == "np.int64(6)\n"
+    assert [r.stdout for r in many[:6]] == [f"{i}\n" for i in range(6)] and many[6].status == "invalid_input"
+    assert [r.stdout for r in session[1:]] == ["9\n", "10\n"]  # a session sticks to one node pool
+    assert verdict.correct
+    assert health["status"] == "ok" and len(health["pools"]) == 2
+    assert all(pool["layers"]["seccomp"]["active"] for pool in health["pools"])
+    assert len(processes) == 2 and all(p["role"] in ("spare", "exiting") for table in processes for p in table)
+    assert {p["uid"] // 1000 for p in processes[0]} != {p["uid"] // 1000 for p in processes[1]}  # disjoint uids
+    assert not ray.is_initialized()  # the pool started the local Ray, so it shut it down
