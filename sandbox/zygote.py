@@ -231,6 +231,7 @@ class Zygote:
         self.dirty: dict[int, float] = {}  # slot -> when its last child was killed; needs a new spare
         self.jobs_by_fd: dict[int, tuple[Job, str]] = {}
         self.children: dict[int, Child] = {}  # pid -> child, for reaping
+        self.killed: set[int] = set()  # children sent SIGKILL and not reaped yet
         self.sessions: dict[str, Session] = {}
         self.session_jobs: dict[str, Job] = {}
         self.free_session_slots = list(range(int(cfg["max_sessions"])))
@@ -562,6 +563,7 @@ class Zygote:
                 return
             if pid == 0:
                 return
+            self.killed.discard(pid)
             child = self.children.pop(pid, None)
             if child is None:
                 continue  # an orphaned grandchild we inherited as subreaper
@@ -714,6 +716,8 @@ class Zygote:
         _kill_group(child.pid)
         if child.uid is not None:
             _kill_uid(child.uid)
+        if child.pid in self.children:
+            self.killed.add(child.pid)
         self.close_fds(child)
 
     def close_fds(self, child: Child) -> None:
@@ -738,7 +742,7 @@ class Zygote:
             roles[session.child.pid] = "session"
         table = []
         for pid, uid, state in _cell_processes(self.uid_base, self.slots + int(self.cfg["max_sessions"])):
-            role = "exiting" if state in ("Z", "X") else roles.get(pid, "stray")
+            role = "exiting" if state in ("Z", "X") or pid in self.killed else roles.get(pid, "stray")
             table.append({"pid": pid, "uid": uid, "role": role})
         if not self.drop_uid:  # no uids to look for: list what we track
             table = [{"pid": pid, "uid": None, "role": role} for pid, role in roles.items()]

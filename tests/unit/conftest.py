@@ -36,11 +36,15 @@ class SyncPool:
         return self.call(self.pool.run_batch(requests))
 
     def settled_processes(self, timeout: float = 5.0) -> list[dict]:
-        """Cell-uid processes once killed ones have had time to exit (SIGKILL is not instantaneous)."""
+        """Cell-uid processes once killed ones have exited (SIGKILL is not instantaneous) and every used slot
+        has its spare back (the zygote forks replacements when idle)."""
+        settings = self.pool.settings
         deadline = time.monotonic() + timeout
         while True:
             table = self.call(self.pool.processes())
-            if all(p["role"] in ("spare", "session") for p in table) or time.monotonic() > deadline:
+            spares = sum(p["role"] == "spare" for p in table)
+            settled = all(p["role"] in ("spare", "session") for p in table)
+            if (settled and spares == settings.workers + settings.spare_cells) or time.monotonic() > deadline:
                 return table
             time.sleep(0.05)
 

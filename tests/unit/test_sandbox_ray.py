@@ -23,7 +23,11 @@ def test_ray_pool_runs_cells_on_every_node():
             await client.close_session("r")
             verdict = await client.verify(r"<answer>\boxed{025}</answer>", "25")
             health = await client.health()
-            processes = await client.processes()
+            for _ in range(100):  # the closed session's process may take a moment to die
+                processes = await client.processes()
+                if all(p["role"] in ("spare", "exiting") for table in processes for p in table):
+                    break
+                await asyncio.sleep(0.05)
         return one, many, session, verdict, health, processes
 
     one, many, session, verdict, health, processes = asyncio.run(use())
