@@ -249,8 +249,13 @@ class VllmEngine:
         self.weight_version += 1
 
     async def shutdown(self) -> None:
-        """Stop the engine and its EngineCore process."""
-        self.llm.shutdown()
+        """Stop the engine and its EngineCore process; later calls fail with EngineFailed."""
+        if self.llm is not None:
+            self.llm.shutdown()
+            # Dropping the handle now runs AsyncLLM's finalizer here, not at interpreter exit when the
+            # modules it needs are already gone.
+            self.llm = None
+        self._failed = "the engine has been shut down"
 
 
 def _sampled_logprobs(completion) -> list[float]:

@@ -1,0 +1,150 @@
+"""server/engine.py on real vLLM with the default model: generate, stream, abort, reload weights, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+
+import psutil
+import pytest
+from safetensors.torch import load_file, save_file
+
+from rstar.config import EngineSettings
+from rstar.server.engine import EngineFailed, SamplingOptions, VllmEngine
+
+GREEDY = SamplingOptions(max_tokens=12, temperature=0.0, logprobs=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(engine):
+    text = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Name three prime numbers."}], add_generation_prompt=True, tokenize=False)
+    return engine.tokenizer.encode(text, add_special_tokens=False)
+
+
+async def collect(engine, prompt_ids, options, request_id=None):
+    return [delta async for delta in engine.generate(prompt_ids, options, request_id)]
+
+
+def test_generate_is_deterministic_at_temperature_zero(engine, loop_thread, prompt_ids):
+    first = loop_thread.run(collect(engine, prompt_ids, GREEDY))
+    second = loop_thread.run(collect(engine, prompt_ids, GREEDY))
+    ids = [t for d in first for t in d.token_ids]
+    assert len(ids) == 12
+    assert ids == [t for d in second for t in d.token_ids]
+    assert first[-1].finished and first[-1].finish_reason == "length"
+    assert first[-1].num_prompt_tokens == len(prompt_ids)
+    assert engine.stats().unfinished == 0
+
+
+def test_stream_delivers_tokens_text_and_logprobs_incrementally(engine, loop_thread, prompt_ids):
+    deltas = loop_thread.run(collect(engine, prompt_ids, SamplingOptions(max_tokens=16, temperature=0.0, logprobs=2, ignore_eos=True)))
+    assert len(deltas) > 1  # streamed, not one final blob
+    ids = [t for d in deltas for t in d.token_ids]
+    logprobs = [lp for d in deltas for lp in d.logprobs]
+    assert len(logprobs) == len(ids) == 16
+    assert all(lp <= 0 for lp in logprobs)
+    # Greedy picks the top token, so its logprob is the best of the top-2 list.
+    for delta in deltas:
+        for token, lp, top in zip(delta.token_ids, delta.logprobs, delta.top_logprobs):
+            assert token in top and abs(max(top.values()) - lp) < 1e-6
+    assert "".join(d.text for d in deltas) == engine.tokenizer.decode(ids)
+
+
+def test_closing_a_stream_early_aborts_it_in_the_engine(engine, loop_thread, prompt_ids):
+    async def read_two_then_close():
+        stream = engine.generate(prompt_ids, SamplingOptions(max_tokens=500, temperature=0.0, ignore_eos=True))
+        got = [await anext(stream), await anext(stream)]
+        await stream.aclose()
+        return got
+
+    assert len(loop_thread.run(read_two_then_close())) == 2
+    _wait_for(lambda: engine.stats().unfinished == 0)
+
+
+def test_abort_by_request_id_ends_the_stream(engine, loop_thread, prompt_ids):
+    async def abort_midway():
+        deltas = []
+
+        async def consume():
+            async for delta in engine.generate(prompt_ids, SamplingOptions(max_tokens=500, temperature=0.0, ignore_eos=True), "to-abort"):
+                deltas.append(delta)
+
+        task = asyncio.create_task(consume())
+        while not deltas:
+            await asyncio.sleep(0.01)
+        await engine.abort("to-abort")
+        await asyncio.wait_for(task, 30)
+        return deltas
+
+    deltas = loop_thread.run(abort_midway())
+    assert sum(len(d.token_ids) for d in deltas) < 500
+    _wait_for(lambda: engine.stats().unfinished == 0)
+
+
+def test_stats_report_running_requests_and_kv_usage(engine, loop_thread, prompt_ids):
+    async def sample_stats_while_busy():
+        options = SamplingOptions(max_tokens=64, temperature=0.0, ignore_eos=True)
+        tasks = [asyncio.create_task(collect(engine, prompt_ids, options)) for _ in range(4)]
+        seen = []
+        while not all(t.done() for t in tasks):
+            seen.append(engine.stats())
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*tasks)
+        return seen
+
+    seen = loop_thread.run(sample_stats_while_busy())
+    assert max(s.unfinished for s in seen) == 4
+    assert max(s.running for s in seen) >= 1
+    assert max(s.kv_cache_usage for s in seen) > 0
+
+
+def test_reload_weights_changes_logprobs_and_restores_them(engine, loop_thread, prompt_ids, default_model_dir, tmp_path):
+    baseline = _greedy_logprobs(engine, loop_thread, prompt_ids)
+    tensors = load_file(default_model_dir / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * 1.5  # sharpens every logit
+    changed_dir = tmp_path / "changed"
+    changed_dir.mkdir()
+    save_file(tensors, changed_dir / "model.safetensors")
+
+    version = engine.weight_version
+    loop_thread.run(engine.reload_weights(changed_dir))
+    changed = _greedy_logprobs(engine, loop_thread, prompt_ids)
+    assert max(abs(a - b) for a, b in zip(baseline, changed)) > 0.05
+    assert engine.weight_version == version + 1
+
+    original_dir = tmp_path / "original"
+    original_dir.mkdir()
+    shutil.copy(default_model_dir / "model.safetensors", original_dir / "model.safetensors")
+    loop_thread.run(engine.reload_weights(original_dir))
+    assert _greedy_logprobs(engine, loop_thread, prompt_ids) == pytest.approx(baseline, abs=1e-4)
+
+
+def test_reload_from_a_directory_without_weights_is_refused(engine, loop_thread, tmp_path):
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        loop_thread.run(engine.reload_weights(tmp_path))
+
+
+def test_shutdown_leaves_no_engine_process(default_model_dir, loop_thread, prompt_ids):
+    def vllm_children() -> set[int]:
+        return {p.pid for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM::") and p.status() != psutil.STATUS_ZOMBIE}
+
+    others = vllm_children()  # the module's engine
+    engine = loop_thread.run(VllmEngine.start(default_model_dir, EngineSettings(max_model_len=512, max_num_seqs=2)))
+    ours = vllm_children() - others
+    assert ours, "the engine core runs in child processes"
+    loop_thread.run(engine.shutdown())
+    _wait_for(lambda: not (vllm_children() & ours))
+    with pytest.raises(EngineFailed, match="shut down"):
+        loop_thread.run(collect(engine, prompt_ids, GREEDY))
+
+
+def _greedy_logprobs(engine, loop_thread, prompt_ids) -> list[float]:
+    return [lp for d in loop_thread.run(collect(engine, prompt_ids, GREEDY)) for lp in d.logprobs]
+
+
+def _wait_for(condition, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, "condition not reached in time"
+        time.sleep(0.1)

@@ -1,0 +1,105 @@
+"""`rstar serve` as a user starts it, answering the official openai client; then a clean stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import psutil
+import pytest
+from sqlalchemy import select
+
+from rstar.server.db import Conversation, open_database
+
+
+@pytest.fixture(scope="module")
+def rstar_serve(tmp_path_factory, default_model_dir):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    data_dir = tmp_path_factory.mktemp("serve-data")
+    env = {**os.environ, "RSTAR_DATA_DIR": str(data_dir), "RSTAR_ENGINE__MAX_MODEL_LEN": "2048"}
+    log = open(data_dir / "serve.log", "w")
+    process = subprocess.Popen([sys.executable, "-m", "rstar.cli", "serve", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while True:
+        assert process.poll() is None, f"rstar serve exited: {(data_dir / 'serve.log').read_text()[-3000:]}"
+        assert time.time() < deadline, "rstar serve did not become healthy in 300 s"
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    yield process, base_url, data_dir
+    if process.poll() is None:
+        process.kill()
+    log.close()
+
+
+def test_models_lists_the_default_model(rstar_serve):
+    _, base_url, _ = rstar_serve
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused")
+    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
+
+
+def test_openai_client_chat_completion(rstar_serve):
+    _, base_url, data_dir = rstar_serve
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused")
+    completion = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=24, temperature=0
+    )
+    choice = completion.choices[0]
+    assert choice.message.content.strip()
+    assert choice.finish_reason in ("stop", "length")
+    assert 0 < completion.usage.completion_tokens <= 24
+    sessions = open_database(f"sqlite:///{data_dir / 'rstar.db'}")
+    with sessions() as session:
+        stored = session.scalars(select(Conversation)).all()
+        assert any(c.messages[-1].content == choice.message.content for c in stored)
+
+
+def test_openai_client_streaming(rstar_serve):
+    _, base_url, _ = rstar_serve
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "Count from one to five."}],
+        max_tokens=20,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    content_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content_chunks) > 1
+    assert chunks[-1].usage.completion_tokens == 20 or chunks[-2].choices[0].finish_reason == "stop"
+
+
+def test_second_server_on_the_same_port_fails_fast(rstar_serve):
+    _, base_url, _ = rstar_serve
+    port = base_url.rsplit(":", 1)[1]
+    started = time.time()
+    result = subprocess.run([sys.executable, "-m", "rstar.cli", "serve", "--port", port], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert f"port {port} on 127.0.0.1 is already in use" in result.stderr
+    assert time.time() - started < 60  # well before an engine could have loaded
+
+
+def test_ctrl_c_stops_the_server_and_its_engine(rstar_serve):
+    process, _, data_dir = rstar_serve
+    engine_processes = [p for p in psutil.Process(process.pid).children(recursive=True) if p.name().startswith("VLLM::")]
+    assert engine_processes
+    process.send_signal(signal.SIGINT)
+    assert process.wait(60) == 128 + signal.SIGINT  # the shell convention for "stopped by Ctrl-C"
+    gone, alive = psutil.wait_procs(engine_processes, timeout=30)
+    assert not alive
+    log = (data_dir / "serve.log").read_text()
+    assert "Application shutdown complete" in log and "Traceback" not in log
