@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, create_engine, event
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
 
@@ -49,6 +49,48 @@ class Message(Base):
     conversation: Mapped[Conversation] = relationship(back_populates="messages")
 
 
+class EvalRun(Base):
+    """One `rstar eval run`: what was asked, where it stands, and its scores once graded."""
+
+    __tablename__ = "eval_runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: uuid4().hex)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running | finished | failed | interrupted
+    model: Mapped[str] = mapped_column(String(256))
+    endpoint: Mapped[str] = mapped_column(String(512), default="")  # empty: in-process engine
+    suite: Mapped[list[str]] = mapped_column(JSON, default=list)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # sampling and limits per benchmark
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # scores per benchmark, with standard errors
+    run_dir: Mapped[str] = mapped_column(String(1024), default="")  # reports and plots
+    samples: Mapped[list[EvalSample]] = relationship(back_populates="run", cascade="all, delete-orphan")
+
+
+class EvalSample(Base):
+    """One graded sample; the unique key is what makes a resumed run skip, never double-count, a sample."""
+
+    __tablename__ = "eval_samples"
+    __table_args__ = (UniqueConstraint("run_id", "benchmark", "doc_id", "sample_index", name="uq_eval_sample"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("eval_runs.id", ondelete="CASCADE"), index=True)
+    benchmark: Mapped[str] = mapped_column(String(64))
+    doc_id: Mapped[str] = mapped_column(String(256))
+    sample_index: Mapped[int] = mapped_column(Integer)
+    score: Mapped[float] = mapped_column(Float)
+    grade: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # grader details (extracted answer, permutation, ...)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    response: Mapped[Any] = mapped_column(JSON, default=None)  # text, or tool calls for BFCL
+    trajectory: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    num_turns: Mapped[int] = mapped_column(Integer, default=0)
+    num_tool_calls: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    run: Mapped[EvalRun] = relationship(back_populates="samples")
+
+
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
     # WAL lets readers (the UI, `rstar eval show`) work while the server writes; foreign keys are off by default.
     cursor = dbapi_connection.cursor()
@@ -66,7 +108,7 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
+def upgrade(engine: Engine, revision: str = "heads") -> None:
     """Bring the schema to `revision` with Alembic, on this engine's connection."""
     from alembic import command
     from alembic.config import Config
