@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from rstar.config import Settings, load_settings
+from rstar.sandbox.cli import app as sandbox_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Serve, evaluate and train tool-using reasoning models (rStar2-Agent).")
 model_app = typer.Typer(no_args_is_help=True, help="Model weights: pull the embedded default, check a model id.")
@@ -22,6 +23,7 @@ db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 app.add_typer(model_app, name="model")
 app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
+app.add_typer(sandbox_app, name="sandbox")
 
 console = Console(stderr=True)
 
