@@ -1,11 +1,24 @@
-"""Fixtures every tier shares: the repo, the offline data, the embedded default model."""
+"""Fixtures every tier shares: the repo, the embedded default model, and one real engine per session.
+
+The engine lives on an event loop in its own thread (AsyncLLM stays on the loop it started on, while
+pytest's tests are plain functions); tests submit coroutines with `loop_thread.run`. `live_server` serves
+the real API app on that same engine over real HTTP, so engine, API and browser tests share one engine.
+Nothing starts an engine unless a test asks for `engine` or `live_server`.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from rstar.config import EngineSettings, Settings, load_settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,7 +30,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The embedded default model, pulled into the user cache for real (a no-op once cached)."""
-    from rstar.config import load_settings
     from rstar.server.model_store import resolve_model
 
     return Path(resolve_model("default", load_settings().models_dir).path)
@@ -28,3 +40,67 @@ def default_tokenizer(default_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(default_model_dir)
+
+
+class LoopThread:
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout: float = 300):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def loop_thread():
+    runner = LoopThread()
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="session")
+def engine(default_model_dir, loop_thread):
+    from rstar.server.engine import VllmEngine
+
+    engine = loop_thread.run(VllmEngine.start(default_model_dir, EngineSettings(max_model_len=4096, max_num_seqs=16), "SmolLM2-135M-Instruct"))
+    yield engine
+    loop_thread.run(engine.shutdown())
+
+
+@dataclass
+class LiveServer:
+    base_url: str  # http://127.0.0.1:PORT
+    settings: Settings
+
+
+@pytest.fixture(scope="session")
+def live_server(engine, loop_thread, tmp_path_factory):
+    """The API app on the session engine, served by uvicorn on a free loopback port."""
+    import uvicorn
+
+    from rstar.server.api import create_app
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    settings = load_settings(data_dir=tmp_path_factory.mktemp("server-data"), port=port)
+
+    async def shared_engine():
+        return engine
+
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, shared_engine, engine.model_name), log_level="warning"))
+    serving = asyncio.run_coroutine_threadsafe(server.serve(sockets=[sock]), loop_thread.loop)
+    deadline = time.time() + 60
+    while not server.started:
+        assert not serving.done(), f"server failed to start: {serving.exception()}"
+        assert time.time() < deadline, "server did not start in 60 s"
+        time.sleep(0.05)
+    yield LiveServer(f"http://127.0.0.1:{port}", settings)
+    server.should_exit = True
+    serving.result(60)
