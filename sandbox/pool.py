@@ -42,7 +42,9 @@ class ZygoteProcess:
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
+        # The reader ends at the zygote's EOF, possibly before asyncio has collected its exit status.
+        reading = self._reader is None or not self._reader.done()
+        return self.proc is not None and self.proc.returncode is None and reading
 
     async def start(self) -> dict:
         self.proc = await asyncio.create_subprocess_exec(
@@ -200,33 +202,23 @@ class SandboxPool:
             await self._zygote.stop()
 
     # ------------------------------------------------------------------------------------- calls
-    async def run(self, request: RunRequest | dict) -> RunResult:
-        """Run one tool call; never raises for anything the caller or the cell did wrong."""
+    async def run(self, request: RunRequest | dict, queue_timeout_s: float | None = None) -> RunResult:
+        """Run one tool call; never raises for anything the caller or the cell did wrong.
+
+        `queue_timeout_s` overrides how long the call may wait for a worker (code-judge's long batches)."""
         started = time.monotonic()
         parsed = parse_run_request(request)
         if isinstance(parsed, RunResult):
             result = parsed
         else:
             problem = self._check_request(parsed)
-            result = error_result("invalid_input", problem) if problem else await self._run_valid(parsed)
+            result = error_result("invalid_input", problem) if problem else await self._run_valid(parsed, queue_timeout_s)
         self.metrics.observe(result.status, time.monotonic() - started)
         return result
 
     async def run_batch(self, requests: list, queue_timeout_s: float | None = None) -> list[RunResult]:
         """Run many calls concurrently (bounded by the workers); results come back in request order."""
-        return list(await asyncio.gather(*(self._run_with_queue(r, queue_timeout_s) for r in requests)))
-
-    async def _run_with_queue(self, request: Any, queue_timeout_s: float | None) -> RunResult:
-        if queue_timeout_s is None:
-            return await self.run(request)
-        parsed = parse_run_request(request)
-        if isinstance(parsed, RunResult):
-            return await self.run(request)
-        started = time.monotonic()
-        problem = self._check_request(parsed)
-        result = error_result("invalid_input", problem) if problem else await self._run_valid(parsed, queue_timeout_s)
-        self.metrics.observe(result.status, time.monotonic() - started)
-        return result
+        return list(await asyncio.gather(*(self.run(r, queue_timeout_s) for r in requests)))
 
     def _check_request(self, request: RunRequest) -> str | None:
         s = self.settings

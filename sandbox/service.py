@@ -71,8 +71,7 @@ def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None
         except Exception as exc:  # noqa: BLE001 - any malformed submission is the client's input error
             return to_code_judge(error_result("invalid_input", f"invalid submission: {exc}")).model_dump()
         request = request_from_submission(sub)
-        result = request if isinstance(request, RunResult) else (
-            await pool.run_batch([request], queue_timeout_s))[0]
+        result = request if isinstance(request, RunResult) else await pool.run(request, queue_timeout_s)
         return to_code_judge(result, sub.sub_id, sub.expected_output).model_dump()
 
     @app.post("/run")

@@ -129,3 +129,24 @@ def test_old_queued_call_answers_queue_timeout(sandbox_small_pool):
         assert r.status == "queue_timeout" and "within 1 s" in r.stderr and r.queue_s >= 0.9
         assert slow.result().ok
     assert sandbox_small_pool.run("print('after')").stdout == "after\n"
+
+
+def test_a_dead_zygote_is_replaced_and_calls_keep_being_answered():
+    import os
+    import signal
+
+    from conftest import SyncPool
+    from rstar.sandbox.settings import SandboxSettings
+
+    pool = SyncPool(SandboxSettings(workers=1, uid_base=65000, preload=[]))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            in_flight = ex.submit(pool.run, "import time; time.sleep(5)")
+            time.sleep(0.5)
+            os.kill(pool.pool._zygote.proc.pid, signal.SIGKILL)  # the bwrap process holding the zygote
+            lost = in_flight.result(30)
+        assert lost.status == "internal_error" and "restarted" in lost.stderr
+        assert pool.run("print('again')").stdout == "again\n"
+        assert pool.pool.metrics.zygote_restarts == 1
+    finally:
+        pool.close()
