@@ -18,7 +18,10 @@ class SandboxSettings(BaseModel):
     max_queue: int = Field(1024, description="Calls that may wait for a worker; beyond that a call is answered queue_timeout at once.")
     queue_timeout_s: float = Field(60.0, description="A call that waited this long for a worker is answered queue_timeout.")
     long_batch_queue_timeout_s: float = Field(3600.0, description="Queue wait allowed for code-judge's /run/long-batch.")
-    preload: list[str] = Field(["numpy", "sympy", "scipy", "math_verify"], description="Modules imported once in the zygote so cells pay no import cost.")
+    preload: list[str] = Field(
+        ["numpy", "sympy", "scipy", "scipy.linalg", "scipy.optimize", "scipy.special", "scipy.integrate", "scipy.stats",
+         "math_verify"],
+        description="Modules imported once in the zygote so cells pay no import cost (scipy loads its subpackages lazily, so the common ones are named).")
     # --- limits per cell
     memory_mb: int = Field(2048, description="Address-space cap per cell (RLIMIT_AS); the preloaded libraries already map ~0.5 GB.")
     max_processes: int = Field(32, description="Processes+threads per cell (RLIMIT_NPROC on the slot's own uid).")

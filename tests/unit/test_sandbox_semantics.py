@@ -163,7 +163,7 @@ def test_sessions_beyond_the_maximum_evict_the_idlest(sandbox_small_pool):
 
 
 def test_preloaded_libraries_are_already_imported(sandbox_pool):
-    r = sandbox_pool.run("import sys\nprint(all(m in sys.modules for m in ('numpy', 'sympy', 'scipy')))")
+    r = sandbox_pool.run("import sys\nprint(all(m in sys.modules for m in ('numpy', 'sympy', 'scipy', 'scipy.optimize', 'scipy.stats')))")
     assert r.stdout == "True\n"
     r = sandbox_pool.run("import sympy as sp\nx = sp.Symbol('x')\nsp.solve(x**2 - 4, x)")
     assert r.stdout == "[-2, 2]\n"
