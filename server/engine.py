@@ -252,8 +252,6 @@ class VllmEngine:
         """Stop the engine and its EngineCore process; later calls fail with EngineFailed."""
         if self.llm is not None:
             self.llm.shutdown()
-            # Dropping the handle now runs AsyncLLM's finalizer here, not at interpreter exit when the
-            # modules it needs are already gone.
             self.llm = None
         self._failed = "the engine has been shut down"
 

@@ -1,0 +1,122 @@
+"""Generation throughput: rstar's engine wrapper (AsyncLLM, streamed deltas) vs vLLM's own `LLM.generate`.
+
+Both engines run on the embedded default model with the same engine settings, in one process, and are
+measured in alternating rounds so that machine noise hits both alike. Each round generates a fixed number
+of tokens per sequence (greedy, EOS ignored) at batch 1 and batch 8; tokens/s = generated tokens / wall time.
+
+    python benchmarks/engine_bench.py [--quick] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rstar.config import EngineSettings, load_settings
+from rstar.server.engine import SamplingOptions, VllmEngine
+from rstar.server.model_store import resolve_model
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def run_ours(loop: asyncio.AbstractEventLoop, engine: VllmEngine, prompt_ids: list[int], batch: int, tokens: int) -> float:
+    options = SamplingOptions(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+
+    async def one() -> int:
+        return len([token async for delta in engine.generate(prompt_ids, options) for token in delta.token_ids])
+
+    async def all_of_them() -> int:
+        return sum(await asyncio.gather(*(one() for _ in range(batch))))
+
+    started = time.perf_counter()
+    generated = asyncio.run_coroutine_threadsafe(all_of_them(), loop).result()
+    elapsed = time.perf_counter() - started
+    assert generated == batch * tokens, (generated, batch * tokens)
+    return generated / elapsed
+
+
+def run_vllm(llm, prompt_ids: list[int], batch: int, tokens: int) -> float:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    started = time.perf_counter()
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=prompt_ids)] * batch, params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    assert generated == batch * tokens, (generated, batch * tokens)
+    return generated / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small workload, finishes in under 3 minutes")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_bench.json"))
+    args = parser.parse_args()
+    rounds, tokens = (2, 32) if args.quick else (5, 128)
+
+    settings = load_settings()
+    model_dir = resolve_model("default", settings.models_dir).path
+    engine_settings = EngineSettings(max_model_len=2048, max_num_seqs=16)
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    ours = asyncio.run_coroutine_threadsafe(VllmEngine.start(model_dir, engine_settings), loop).result()
+
+    from vllm import LLM
+
+    baseline = LLM(
+        model=model_dir,
+        dtype=engine_settings.dtype,
+        max_model_len=engine_settings.max_model_len,
+        max_num_seqs=engine_settings.max_num_seqs,
+        enforce_eager=engine_settings.enforce_eager,
+        seed=engine_settings.seed,
+    )
+    text = ours.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False)
+    prompt_ids = ours.tokenizer.encode(text, add_special_tokens=False)
+
+    # Warm both up (first batches pay one-off allocation costs), then alternate.
+    for batch in (1, 8):
+        run_ours(loop, ours, prompt_ids, batch, 8)
+        run_vllm(baseline, prompt_ids, batch, 8)
+    samples: dict[str, dict[int, list[float]]] = {"rstar": {1: [], 8: []}, "vllm_llm_generate": {1: [], 8: []}}
+    for round_index in range(rounds):
+        for batch in (1, 8):
+            # Swap who goes first each round so neither always runs on a warmer machine.
+            order = ("rstar", "vllm_llm_generate") if round_index % 2 == 0 else ("vllm_llm_generate", "rstar")
+            for name in order:
+                rate = run_ours(loop, ours, prompt_ids, batch, tokens) if name == "rstar" else run_vllm(baseline, prompt_ids, batch, tokens)
+                samples[name][batch].append(rate)
+            print(f"round {round_index + 1}/{rounds} batch {batch}: rstar {samples['rstar'][batch][-1]:.1f} tok/s, vLLM LLM.generate {samples['vllm_llm_generate'][batch][-1]:.1f} tok/s", flush=True)
+
+    asyncio.run_coroutine_threadsafe(ours.shutdown(), loop).result()
+    median = {name: {batch: statistics.median(rates) for batch, rates in by_batch.items()} for name, by_batch in samples.items()}
+    ratios = {batch: median["rstar"][batch] / median["vllm_llm_generate"][batch] for batch in (1, 8)}
+    result = {
+        "benchmark": "engine_bench",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {platform.machine()}, {__import__('os').cpu_count()} cores",
+        "workload": {"model": Path(model_dir).name, "prompt_tokens": len(prompt_ids), "tokens_per_sequence": tokens, "rounds": rounds, "quick": args.quick},
+        "tokens_per_s": {name: {f"batch_{b}": {"median": median[name][b], "samples": samples[name][b]} for b in (1, 8)} for name in samples},
+        "ratio_rstar_over_vllm": {f"batch_{b}": ratios[b] for b in (1, 8)},
+        "goals": [
+            {"name": f"throughput ratio rstar / vLLM LLM.generate, batch {b}", "value": round(ratios[b], 4), "op": ">=", "target": 0.97, "unit": "ratio"}
+            for b in (1, 8)
+        ],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps({"ratio_rstar_over_vllm": result["ratio_rstar_over_vllm"], "goals": result["goals"]}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
