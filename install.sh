@@ -60,6 +60,16 @@ if ! command -v bwrap >/dev/null 2>&1; then
     fi
 fi
 
+# The browser tests drive Debian's chromium through Playwright; `playwright install` would download a browser,
+# which these machines cannot, so the system package is the one browser they use.
+if [[ ",${extras}," == *",test,"* ]] && [ ! -x /usr/bin/chromium ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+    else
+        echo "install.sh: /usr/bin/chromium is missing; install Debian's chromium for the browser tests (tests/e2e)" >&2
+    fi
+fi
+
 .venv/bin/python - <<'PY'
 import importlib.util
 missing = [m for m in ("vllm", "transformers") if importlib.util.find_spec(m) is None]
