@@ -20,7 +20,7 @@ from rstar.server.conversations import ConversationStore
 from rstar.server.db import open_database
 from rstar.server.engine import TokenEngine
 from rstar.server.errors import APIError, install_error_handlers
-from rstar.server.routes_evals import router as evals_router
+from rstar.server.routes_evals import evals_router
 from rstar.server.schemas import ChatCompletionRequest, ModelCard, ModelList
 from rstar.server.serving_chat import ChatService, sse_error
 
@@ -73,7 +73,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
             return await chat.complete(body)
         return StreamingResponse(_guard_stream(await chat.stream(body)), media_type="text/event-stream")
 
-    app.include_router(evals_router, dependencies=[Depends(require_api_key)])
+    app.include_router(evals_router(settings.resolved_database_url), dependencies=[Depends(require_api_key)])
     return app
 
 

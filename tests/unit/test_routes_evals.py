@@ -1,4 +1,5 @@
-"""The read-only eval endpoints on the real app (scripted engine), over a run inserted as the runner writes one."""
+"""The read-only eval endpoints, over a run inserted as the runner writes one; mounted on a bare app with the
+API's error handlers, and once through `create_app` to check the API key guards them."""
 
 from __future__ import annotations
 
@@ -6,30 +7,28 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rstar.config import load_settings
-from rstar.server.api import create_app
+from fastapi import FastAPI
+
 from rstar.server.db import open_database
+from rstar.server.errors import install_error_handlers
+from rstar.server.routes_evals import evals_router
 from tests.eval_run_data import SUMMARY, insert_eval_run
 from tests.scripted_engine import ScriptedEngine
 
 
 @pytest.fixture
-def served_run(tmp_path, default_tokenizer):
-    """(test client, run id, sample ids, run dir), with the run in the app's own database."""
-
-    def start(**settings_overrides):
-        settings = load_settings(data_dir=tmp_path / "data", **settings_overrides)
-        run_id, sample_ids = insert_eval_run(open_database(settings.resolved_database_url), tmp_path / "run")
-
-        async def factory():
-            return ScriptedEngine(default_tokenizer, ["unused"])
-
-        return TestClient(create_app(settings, factory, "scripted")), run_id, sample_ids, tmp_path / "run"
-
-    return start
+def served_run(tmp_path):
+    """(test client, run id, sample ids, run dir)."""
+    url = f"sqlite:///{tmp_path / 'rstar.db'}"
+    run_id, sample_ids = insert_eval_run(open_database(url), tmp_path / "run")
+    app = FastAPI()
+    install_error_handlers(app)
+    app.include_router(evals_router(url))
+    return TestClient(app), run_id, sample_ids, tmp_path / "run"
 
 
 def test_runs_list_and_detail(served_run):
-    client, run_id, _, _ = served_run()
+    client, run_id, _, _ = served_run
     with client:
         runs = client.get("/v1/evals/runs").json()
         assert runs["total"] == 1 and runs["data"][0]["id"] == run_id and runs["data"][0]["status"] == "finished"
@@ -40,7 +39,7 @@ def test_runs_list_and_detail(served_run):
 
 
 def test_samples_filter_page_and_full_record(served_run):
-    client, run_id, sample_ids, _ = served_run()
+    client, run_id, sample_ids, _ = served_run
     with client:
         page = client.get(f"/v1/evals/runs/{run_id}/samples", params={"benchmark": "aime24", "limit": 1, "offset": 1}).json()
         assert page["total"] == 2 and [s["doc_id"] for s in page["data"]] == ["2024-I-2"]
@@ -52,7 +51,7 @@ def test_samples_filter_page_and_full_record(served_run):
 
 
 def test_unknown_run_and_sample_are_404(served_run):
-    client, run_id, sample_ids, _ = served_run()
+    client, run_id, sample_ids, _ = served_run
     with client:
         assert client.get("/v1/evals/runs/nope").json()["error"]["type"] == "not_found_error"
         assert client.get("/v1/evals/runs/nope/samples").status_code == 404
@@ -61,7 +60,7 @@ def test_unknown_run_and_sample_are_404(served_run):
 
 
 def test_files_are_served_from_the_run_dir_only(served_run, tmp_path):
-    client, run_id, _, run_dir = served_run()
+    client, run_id, _, run_dir = served_run
     (tmp_path / "secret.md").write_text("not for readers")
     (run_dir / "link.md").symlink_to(tmp_path / "secret.md")
     with client:
@@ -74,8 +73,15 @@ def test_files_are_served_from_the_run_dir_only(served_run, tmp_path):
             assert "not for readers" not in response.text
 
 
-def test_eval_endpoints_need_the_api_key_when_one_is_set(served_run):
-    client, run_id, _, _ = served_run(api_key="sekret")
-    with client:
+def test_the_api_mounts_them_behind_its_api_key(tmp_path, default_tokenizer):
+    from rstar.server.api import create_app
+
+    settings = load_settings(data_dir=tmp_path, api_key="sekret")
+    insert_eval_run(open_database(settings.resolved_database_url), tmp_path / "run")
+
+    async def factory():
+        return ScriptedEngine(default_tokenizer, ["unused"])
+
+    with TestClient(create_app(settings, factory, "scripted")) as client:
         assert client.get("/v1/evals/runs").status_code == 401
         assert client.get("/v1/evals/runs", headers={"Authorization": "Bearer sekret"}).status_code == 200
