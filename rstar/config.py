@@ -36,6 +36,29 @@ class EngineSettings(BaseModel):
     )
 
 
+class ApiSettings(BaseModel):
+    """Limits and defaults of the OpenAI-compatible API (env: RSTAR_API__<FIELD>)."""
+
+    max_body_bytes: int = Field(4 * 1024 * 1024, description="Largest request body accepted; larger ones are answered 413 before they are read.")
+    max_running_requests: int = Field(
+        128, description="Requests one engine works on at once (every choice of every request counts one); the engine batches them."
+    )
+    max_waiting_requests: int = Field(
+        256, description="Requests that may wait for a running slot; beyond that a request is answered 429 with Retry-After at once."
+    )
+    queue_timeout_s: float = Field(60.0, description="A request that waited this long for a running slot is answered 429.")
+    request_timeout_s: float = Field(
+        1800.0, description="Wall-clock limit of one request, tool turns included; a non-stream request then gets 504, a stream an error event."
+    )
+    retry_after_s: int = Field(2, description="Retry-After header sent with 429.")
+    max_turns: int = Field(30, description="Default assistant turns per answer (the paper's evaluation setting); requests may lower or raise it up to max_turns_limit.")
+    max_turns_limit: int = Field(100, description="Largest max_turns a request may ask for.")
+    chat_template: str | None = Field(
+        None, description="'rstar', 'model' or a jinja file; default: the rStar template for rStar models and tokenizers without one, else the model's own."
+    )
+    sandbox_url: str | None = Field(None, description="A `rstar sandbox serve` to run model code in; default: an in-process sandbox pool.")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RSTAR_", env_nested_delimiter="__", extra="forbid")
 
@@ -50,6 +73,7 @@ class Settings(BaseSettings):
     store_conversations: bool = Field(True, description="Keep every chat completion in the database (a request can opt out with store=false).")
     engine: EngineSettings = Field(default_factory=EngineSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
 
     @property
     def resolved_database_url(self) -> str:

@@ -13,20 +13,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rstar.server.builtin_tools import BUILTIN_TOOLS, JUPYTER_TOOL, CodeExecutor, ToolRun, code_argument, run_builtin_call
 from rstar.server.chat_template import ChatTemplate
-from rstar.server.engine import SamplingOptions, TokenEngine
+from rstar.server.engine import SamplingOptions, TokenDelta, TokenEngine
 from rstar.server.tool_calls import (
     StreamEvent,
+    TextDelta,
     ToolCall,
     ToolCallStreamParser,
     parse_tool_calls,
 )
-from rstar.server.tool_results import TruncateSide, tool_turn_ids
+from rstar.server.tool_results import TruncateSide, execution_error_text, tool_turn_ids
 from rstar.server.trajectory import ToolCallRecord, Trajectory, Turn
 
 
@@ -46,6 +48,12 @@ class LoopConfig:
     truncate_side: TruncateSide = "middle"
     # Tools the API client declared: a call to one ends the loop with stop reason "tool_calls".
     client_tools: frozenset[str] = frozenset()
+    # The API asks for these: each engine delta as a TokensSampled event, with the top k logprobs.
+    token_events: bool = False
+    top_logprobs: int = 0
+    # Built-in tools the loop runs; a call to one switched off is answered as an unknown tool. With no
+    # tools at all (neither kind) the loop is plain chat: the first turn is the answer, calls or not.
+    builtin_tools: frozenset[str] = BUILTIN_TOOLS
     logprobs: bool = True
 
     def __post_init__(self):
@@ -59,6 +67,13 @@ class LoopConfig:
 @dataclass(frozen=True)
 class TurnStarted:
     turn: int
+
+
+@dataclass(frozen=True)
+class TokensSampled:
+    """An engine delta as it arrived (only with LoopConfig.token_events); its text follows as parser events."""
+
+    delta: TokenDelta
 
 
 @dataclass(frozen=True)
@@ -84,7 +99,7 @@ class Done:
     trajectory: Trajectory
 
 
-LoopEvent = TurnStarted | StreamEvent | ToolExecutionStarted | ToolResult | TurnEnded | Done
+LoopEvent = TurnStarted | TokensSampled | StreamEvent | ToolExecutionStarted | ToolResult | TurnEnded | Done
 
 
 @dataclass
@@ -107,14 +122,25 @@ async def run_agent(
     executor: CodeExecutor,
     config: LoopConfig = LoopConfig(),
     request_id: str | None = None,
+    continue_final_message: bool = False,
 ) -> AsyncIterator[LoopEvent]:
     """Run one trajectory; the last event is Done(trajectory).
 
     sampling: the client's options; max_tokens, logprobs and special-token handling are set per turn.
     tools: the schemas listed in the prompt (built-in and client-declared).
+    continue_final_message: the last message is an assistant message the answer continues (vLLM's
+    option of that name). If it already holds complete tool calls, they run first and the model goes on
+    from their results (the forced tool-call path); their records have turn -1. Otherwise the first turn
+    extends it, and its calls are parsed over the message's text and the sampled text together. Text of
+    the given message is not sent again as events; its tool-call events are, so a call it starts reaches
+    the client whole.
     """
     request_id = request_id or uuid.uuid4().hex
-    prompt_ids = template.encode(messages, tools, add_generation_prompt=True)
+    prefix = _content_text(messages[-1].get("content")) if continue_final_message else None
+    if continue_final_message:
+        prompt_ids = template.encode_continuation(messages, tools)
+    else:
+        prompt_ids = template.encode(messages, tools, add_generation_prompt=True)
     context_left = engine.max_model_len - len(prompt_ids)
     budget = min(config.max_response_tokens or context_left, context_left)
     trajectory = Trajectory(
@@ -126,6 +152,22 @@ async def run_agent(
     turn_end_ids = template.encode_text(template.turn_end.rstrip())
     jupyter_cells = prior_jupyter_cells(messages)
     next_call_index = 0
+    runs_tools = bool(config.builtin_tools or config.client_tools)
+
+    forced = parse_tool_calls(prefix)[: config.max_parallel_calls] if prefix and runs_tools else []
+    if forced:
+        records = []
+        async with contextlib.aclosing(_run_calls(-1, forced, executor, jupyter_cells, config)) as running:
+            async for event in running:
+                if isinstance(event, ToolResult):
+                    records.append(event.record)
+                yield event
+        trajectory.tool_calls += records
+        next_call_index = len(parse_tool_calls(prefix))
+        # The given message's turn end was not sampled, so the template supplies all of it.
+        tool_ids = tool_turn_ids(template, [record.response for record in records], "")
+        _append(trajectory, tool_ids, mask=0, logprobs=[0.0] * len(tool_ids) if config.logprobs else None)
+        prefix = None
 
     for turn in range(config.max_turns):  # every path through the last turn ends in a break
         if budget - len(trajectory.response_ids) <= 0:
@@ -136,11 +178,17 @@ async def run_agent(
             sampling,
             max_tokens=budget - len(trajectory.response_ids),
             stop_token_ids=tuple(dict.fromkeys((*sampling.stop_token_ids, *turn_end_ids))),
-            logprobs=0 if config.logprobs else None,
+            logprobs=config.top_logprobs if config.logprobs else None,
             skip_special_tokens=True,
             include_stop_str_in_output=False,
         )
         parser = ToolCallStreamParser(in_reasoning=template.starts_in_reasoning, first_index=next_call_index)
+        given = ""  # text of the turn that was given, not sampled (a continued final message)
+        if prefix is not None and turn == 0:
+            given, parser = prefix, ToolCallStreamParser(in_reasoning=False, first_index=next_call_index)
+            for event in parser.feed(prefix):
+                if not isinstance(event, TextDelta):
+                    yield event
         sampled = _Sampled()
         weight_version = engine.weight_version
         async with contextlib.aclosing(engine.generate(prompt_ids + trajectory.response_ids, options, f"{request_id}-{turn}")) as stream:
@@ -148,6 +196,8 @@ async def run_agent(
                 sampled.token_ids += delta.token_ids
                 sampled.logprobs += delta.logprobs or []
                 sampled.text += delta.text
+                if config.token_events:
+                    yield TokensSampled(delta)
                 for event in parser.feed(delta.text):
                     yield event
                 if delta.finished:
@@ -164,7 +214,7 @@ async def run_agent(
             trajectory.stop_reason = sampled.finish_reason
             break
         # A client stop string ends the trajectory where it stands; the end-of-turn token ends only the turn.
-        calls = [] if sampled.stop_reason in sampling.stop else parse_tool_calls(sampled.text)
+        calls = [] if sampled.stop_reason in sampling.stop or not runs_tools else parse_tool_calls(given + sampled.text)
         calls = [dataclasses.replace(call, index=next_call_index + call.index) for call in calls][: config.max_parallel_calls]
         if not calls:
             trajectory.stop_reason = "stop"
@@ -228,11 +278,16 @@ async def _run_calls(
     try:
         for call in calls:
             replay = list(jupyter_cells)
-            arguments = code_argument(call) if _is_builtin(call) else None
+            enabled = _is_builtin(call, config.builtin_tools)
+            arguments = code_argument(call) if enabled else None
             if isinstance(arguments, tuple):
                 yield ToolExecutionStarted(call.index, call.name, arguments[0])
                 if call.name == JUPYTER_TOOL:
                     jupyter_cells.append(arguments[0])
+            if _is_builtin(call) and not enabled:
+                # Switched off for this request: the model hears what an unknown tool gets.
+                jobs.append(asyncio.ensure_future(_unavailable(call)))
+                continue
             jobs.append(
                 asyncio.ensure_future(run_builtin_call(call, executor, replay, config.max_tool_response_chars, config.truncate_side))
             )
@@ -244,8 +299,18 @@ async def _run_calls(
             job.cancel()
 
 
-def _is_builtin(call: ToolCall) -> bool:
-    return call.decode_error is None and isinstance(call.name, str) and call.name in BUILTIN_TOOLS
+def _is_builtin(call: ToolCall, enabled: frozenset[str] = BUILTIN_TOOLS) -> bool:
+    return call.decode_error is None and isinstance(call.name, str) and call.name in enabled
+
+
+def _content_text(content) -> str:
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content)
+    return content or ""
+
+
+async def _unavailable(call: ToolCall) -> ToolRun:
+    return ToolRun(response=execution_error_text(repr(call.name)), started_at=time.time())
 
 
 def _record(turn: int, call: ToolCall, run: ToolRun | None) -> ToolCallRecord:
@@ -258,7 +323,7 @@ def _record(turn: int, call: ToolCall, run: ToolRun | None) -> ToolCallRecord:
     if run.result is not None:
         result = run.result
         record.success, record.stdout, record.stderr = result.success, result.stdout, result.stderr
-        record.exec_reason, record.exec_duration_s = result.reason, result.duration_s
+        record.exec_reason, record.exec_duration_s, record.exec_status = result.reason, result.duration_s, result.status or None
     return record
 
 

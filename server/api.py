@@ -1,51 +1,81 @@
-"""The HTTP app: thin routes over the services, OpenAI-shaped errors, engine lifetime.
+"""The HTTP app: thin routes over the services, OpenAI-shaped errors, engine and sandbox lifetime.
 
-`create_app` takes an engine factory so tests can run the same app on a scripted engine; `rstar serve`
-passes one that starts vLLM.
+`create_app` takes an engine factory (and optionally a sandbox factory) so tests can run the same app on a
+scripted engine; `rstar serve` passes one that starts vLLM. Serving logic lives in `serving_*.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import Response, StreamingResponse
 
 import rstar
 from rstar.config import Settings
+from rstar.sandbox.clients import SandboxClient, connect
+from rstar.server.chat_template import choose_template
 from rstar.server.conversations import ConversationStore
 from rstar.server.db import open_database
 from rstar.server.engine import TokenEngine
-from rstar.server.errors import APIError, install_error_handlers
-from rstar.server.routes_evals import evals_router
-from rstar.server.schemas import ChatCompletionRequest, ModelCard, ModelList
-from rstar.server.serving_chat import ChatService, sse_error
+from rstar.server.errors import APIError, error_body, install_error_handlers
+from rstar.server.limits import Admission, BodySizeLimit, ClientDisconnected, cancel_on_disconnect
+from rstar.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
+from rstar.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard, ModelList, TokenizeRequest
+from rstar.server.schemas_responses import ResponsesRequest
+from rstar.server.serving_agent import Serving
+from rstar.server.serving_chat import ChatService
+from rstar.server.serving_completions import CompletionService, detokenize, tokenize
+from rstar.server.serving_responses import ResponsesService
 
 log = logging.getLogger("rstar.server")
 
 EngineFactory = Callable[[], Awaitable[TokenEngine]]
+SandboxFactory = Callable[[], SandboxClient]
 
 
-def create_app(settings: Settings, engine_factory: EngineFactory, model_name: str) -> FastAPI:
+def create_app(settings: Settings, engine_factory: EngineFactory, model_name: str, sandbox_factory: SandboxFactory | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         engine = await engine_factory()
-        store = ConversationStore(open_database(settings.resolved_database_url))
-        names = {model_name, settings.served_model_name or model_name, "default"}
-        app.state.engine = engine
+        sandbox = sandbox_factory() if sandbox_factory else connect(settings.sandbox, url=settings.api.sandbox_url)
+        try:
+            await sandbox.start()
+        except Exception:  # the API still serves chat; tool calls answer internal_error and /health says why
+            log.exception("the sandbox did not start; built-in tool calls will fail until it does")
+        metrics = ServerMetrics(engine)
+        api = settings.api
+        serving = Serving(
+            engine=engine,
+            template=choose_template(engine.tokenizer, model_name, api.chat_template),
+            sandbox=sandbox,
+            model_names={model_name, settings.served_model_name or model_name, "default"},
+            store=ConversationStore(open_database(settings.resolved_database_url)),
+            settings=settings,
+            metrics=metrics,
+            admission=Admission(api.max_running_requests, api.max_waiting_requests, api.queue_timeout_s, api.retry_after_s),
+        )
+        app.state.serving = serving
         app.state.model_name = model_name
-        app.state.chat = ChatService(engine, names, store, settings.store_conversations)
+        app.state.chat = ChatService(serving)
+        app.state.completions = CompletionService(serving)
+        app.state.responses = ResponsesService(serving)
         log.info("serving %s on http://%s:%d", model_name, settings.host, settings.port)
         try:
             yield
         finally:
+            await sandbox.close()
             await engine.shutdown()
 
     app = FastAPI(title="rstar", version=rstar.__version__, lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(RequestCounter, metrics=lambda: getattr(app.state, "serving", None) and app.state.serving.metrics)
 
     async def require_api_key(request: Request) -> None:
         if settings.api_key is None:
@@ -56,25 +86,111 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), settings.api_key.encode()):
             raise APIError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.", code="invalid_api_key")
 
+    authorized = [Depends(require_api_key)]
+
     @app.get("/health")
     async def health(request: Request) -> dict:
-        stats = request.app.state.engine.stats()
-        return {"status": "ok", "model": request.app.state.model_name, "engine": stats.__dict__}
+        serving: Serving = request.app.state.serving
+        try:
+            sandbox = await serving.sandbox.health()
+        except Exception as exc:  # an unreachable sandbox service is a degraded server, not a failed probe
+            sandbox = {"status": "unreachable", "detail": str(exc)}
+        status = "ok" if sandbox.get("status") == "ok" else "degraded"
+        admission = serving.admission
+        return {
+            "status": status,
+            "model": request.app.state.model_name,
+            "engine": serving.engine.stats().__dict__,
+            "admission": {"running": admission.running, "waiting": admission.waiting, "max_running": admission.max_running, "max_waiting": admission.max_waiting},
+            "sandbox": sandbox,
+        }
 
-    @app.get("/v1/models", dependencies=[Depends(require_api_key)])
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": rstar.__version__}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(request.app.state.serving.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models", dependencies=authorized)
     async def list_models(request: Request) -> ModelList:
-        engine = request.app.state.engine
+        engine = request.app.state.serving.engine
         return ModelList(data=[ModelCard(id=request.app.state.model_name, max_model_len=engine.max_model_len)])
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(require_api_key)])
+    @app.post("/v1/chat/completions", dependencies=authorized)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         chat: ChatService = request.app.state.chat
-        if not body.stream:
-            return await chat.complete(body)
-        return StreamingResponse(_guard_stream(await chat.stream(body)), media_type="text/event-stream")
+        if body.stream:
+            return _event_stream(await chat.stream(body, time.monotonic()))
+        return await _unless_disconnected(request, chat.complete(body, time.monotonic()))
 
-    app.include_router(evals_router(settings.resolved_database_url), dependencies=[Depends(require_api_key)])
+    @app.post("/v1/completions", dependencies=authorized)
+    async def completions(body: CompletionRequest, request: Request):
+        service: CompletionService = request.app.state.completions
+        if body.stream:
+            return _event_stream(await service.stream(body, time.monotonic()))
+        return await _unless_disconnected(request, service.complete(body, time.monotonic()))
+
+    @app.post("/v1/responses", dependencies=authorized)
+    async def responses(body: ResponsesRequest, request: Request):
+        service: ResponsesService = request.app.state.responses
+        if body.stream:
+            return _event_stream(await service.stream(body, time.monotonic()))
+        return await _unless_disconnected(request, service.create(body, time.monotonic()))
+
+    @app.post("/tokenize", dependencies=authorized)
+    async def tokenize_route(body: TokenizeRequest, request: Request) -> dict:
+        return tokenize(request.app.state.serving, body)
+
+    @app.post("/detokenize", dependencies=authorized)
+    async def detokenize_route(body: DetokenizeRequest, request: Request) -> dict:
+        return detokenize(request.app.state.serving, body)
+
+    @app.get("/v1/conversations", dependencies=authorized)
+    async def list_conversations(request: Request, limit: int = Query(20, ge=1, le=200), offset: int = Query(0, ge=0)) -> dict:
+        return {"object": "list", "data": _store(request).list(limit, offset)}
+
+    @app.get("/v1/conversations/export.jsonl", dependencies=authorized)
+    async def export_conversations(request: Request) -> StreamingResponse:
+        # A sync iterator: Starlette runs it in a thread pool, off the event loop.
+        return StreamingResponse(_store(request).export_jsonl(), media_type="application/x-ndjson")
+
+    @app.get("/v1/conversations/{conversation_id}", dependencies=authorized)
+    async def get_conversation(conversation_id: str, request: Request) -> dict:
+        found = _store(request).get(conversation_id)
+        if found is None:
+            raise _no_conversation(conversation_id)
+        return found
+
+    @app.delete("/v1/conversations/{conversation_id}", dependencies=authorized)
+    async def delete_conversation(conversation_id: str, request: Request) -> dict:
+        if not _store(request).delete(conversation_id):
+            raise _no_conversation(conversation_id)
+        return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+
     return app
+
+
+def _store(request: Request) -> ConversationStore:
+    return request.app.state.serving.store
+
+
+def _no_conversation(conversation_id: str) -> APIError:
+    return APIError(404, f"No conversation with id {conversation_id!r}.", "conversation_id", "conversation_not_found")
+
+
+async def _unless_disconnected(request: Request, work: Awaitable):
+    """A non-streaming answer whose client leaves is cancelled: its generations and tool runs stop."""
+    try:
+        return await cancel_on_disconnect(request.receive, work)
+    except ClientDisconnected:
+        request.app.state.serving.metrics.client_disconnects.inc()
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+
+
+def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(_guard_stream(events), media_type="text/event-stream")
 
 
 async def _guard_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -82,6 +198,13 @@ async def _guard_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
     try:
         async for event in events:
             yield event
+    except APIError as exc:  # a limit reached mid-stream (the request timeout)
+        yield sse_error(exc.message, exc.status)
     except Exception as exc:
         log.exception("stream failed")
-        yield sse_error(f"{type(exc).__name__}: {exc}")
+        yield sse_error(f"{type(exc).__name__}: {exc}", 500)
+
+
+def sse_error(message: str, status: int) -> str:
+    """An error after the stream began: OpenAI clients read an `error` event and raise."""
+    return f"data: {json.dumps(error_body(status, message))}\n\n"

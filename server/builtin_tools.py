@@ -100,15 +100,23 @@ class CodeExecutor(Protocol):
 class SandboxExecutor:
     """Runs calls through a sandbox client (`rstar.sandbox.clients`: in-process, HTTP or Ray)."""
 
-    def __init__(self, client: SandboxClient):
+    def __init__(self, client: SandboxClient, timeout_s: float | None = None):
         self.client = client
+        self.timeout_s = timeout_s  # None: the sandbox's default
 
     async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str]) -> ExecResult:
-        request = RunRequest(tool=tool, code=code, input=None if tool == JUPYTER_TOOL else stdin, history=list(replay))
+        stdin_or_none = None if tool == JUPYTER_TOOL else stdin
+        request = RunRequest(tool=tool, code=code, input=stdin_or_none, history=list(replay), timeout_s=self.timeout_s)
         # The sandbox's own mapping onto code-judge's fields, which the result text is written in.
-        judged = to_code_judge(await self.client.run(request))
+        result = await self.client.run(request)
+        judged = to_code_judge(result)
         return ExecResult(
-            success=judged.run_success, stdout=judged.stdout or "", stderr=judged.stderr or "", duration_s=judged.cost, reason=judged.reason
+            success=judged.run_success,
+            stdout=judged.stdout or "",
+            stderr=judged.stderr or "",
+            duration_s=judged.cost,
+            reason=judged.reason,
+            status=result.status,
         )
 
 

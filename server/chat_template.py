@@ -150,6 +150,20 @@ class ChatTemplate:
     def encode(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None, add_generation_prompt: bool = True) -> list[int]:
         return self.encode_text(self.render(messages, tools, add_generation_prompt))
 
+    def render_continuation(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None) -> str:
+        """The prompt that continues the final (assistant) message: the render cut right after its content,
+        so the template's turn end is not there (vLLM's continue_final_message)."""
+        if not messages or messages[-1].get("role") != "assistant":
+            raise ValueError("continue_final_message needs an assistant message last")
+        content = _content_text(messages[-1].get("content"))
+        rendered = self.render(messages, tools, add_generation_prompt=False)
+        if content:
+            return rendered[: rendered.rindex(content) + len(content)]
+        return rendered.removesuffix(self.turn_end).removesuffix(self.turn_end.rstrip())
+
+    def encode_continuation(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None) -> list[int]:
+        return self.encode_text(self.render_continuation(messages, tools))
+
     # Pieces of the template's own text, measured on a one-exchange conversation.
 
     @cached_property

@@ -1,31 +1,141 @@
-"""The conversation store: what the server keeps of each chat exchange."""
+"""The conversation store: what the server keeps of each chat exchange, and how the API reads it back.
+
+A conversation is the messages of the latest exchange in it (history + reply; a follow-up naming its
+`conversation_id` replaces them) plus the trajectory of every answer ever generated in it, which is what
+the JSONL export writes for SFT/RL data.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Iterator, Sequence
+from datetime import timezone
 from typing import Any
+from uuid import uuid4
 
+from sqlalchemy import delete, select
 from sqlalchemy.orm import sessionmaker
 
-from rstar.server.db import Conversation, Message
+from rstar.server.db import Conversation, Message, StoredTrajectory
+from rstar.server.trajectory import Trajectory
+
+EXPORT_BATCH = 200  # rows read per query while exporting, so an export never loads the whole table
+
+
+def _title(messages: Sequence[dict[str, Any]]) -> str:
+    first_user = next((m.get("content") for m in messages if m["role"] == "user"), "") or ""
+    if isinstance(first_user, list):
+        first_user = "".join(part.get("text", "") for part in first_user)
+    return first_user[:120]
+
+
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    return "".join(part.get("text", "") for part in content) if isinstance(content, list) else content
 
 
 class ConversationStore:
     def __init__(self, sessions: sessionmaker):
         self.sessions = sessions
 
-    def save_exchange(self, model: str, messages: list[dict[str, Any]], replies: list[dict[str, Any]]) -> str:
-        """Store the request's messages and the model's replies (one per choice) as a new conversation."""
+    @staticmethod
+    def new_id() -> str:
+        return uuid4().hex
+
+    def exists(self, conversation_id: str) -> bool:
         with self.sessions() as session:
-            first_user = next((m["content"] for m in messages if m["role"] == "user"), "")
-            conversation = Conversation(model=model, title=first_user[:120])
+            return session.get(Conversation, conversation_id) is not None
+
+    def save_exchange(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        replies: list[dict[str, Any]],
+        conversation_id: str | None = None,
+        trajectories: Sequence[Trajectory] = (),
+    ) -> str:
+        """Store the request's messages and the model's replies, with the answers' trajectories.
+
+        conversation_id: an existing conversation gets these messages in place of its own; an unknown id
+        becomes the id of a new conversation (a stream announces the id before the answer is stored).
+        """
+        with self.sessions() as session:
+            conversation = session.get(Conversation, conversation_id) if conversation_id else None
+            if conversation is None:
+                conversation = Conversation(id=conversation_id or self.new_id(), model=model, title=_title(messages))
+                session.add(conversation)
+            else:
+                conversation.messages.clear()
+                session.flush()  # the old rows go before new ones take their positions
             for position, message in enumerate([*messages, *replies]):
                 extra = {key: value for key, value in message.items() if key not in ("role", "content") and value is not None}
-                conversation.messages.append(Message(position=position, role=message["role"], content=message.get("content") or "", extra=extra))
-            session.add(conversation)
+                conversation.messages.append(Message(position=position, role=message["role"], content=_content(message), extra=extra))
+            for choice, trajectory in enumerate(trajectories):
+                conversation.trajectories.append(
+                    StoredTrajectory(
+                        choice=choice,
+                        model=model,
+                        messages=messages,
+                        trajectory=trajectory.to_dict(),
+                        stop_reason=trajectory.stop_reason,
+                        num_turns=len(trajectory.turns),
+                        num_tool_calls=len(trajectory.tool_calls),
+                    )
+                )
             session.commit()
             return conversation.id
 
-    async def save_exchange_async(self, model: str, messages: list[dict[str, Any]], replies: list[dict[str, Any]]) -> str:
+    async def save_exchange_async(self, *args, **kwargs) -> str:
         # Database I/O stays off the event loop that streams tokens.
-        return await asyncio.to_thread(self.save_exchange, model, messages, replies)
+        return await asyncio.to_thread(self.save_exchange, *args, **kwargs)
+
+    def list(self, limit: int, offset: int) -> list[dict[str, Any]]:
+        """Newest first."""
+        with self.sessions() as session:
+            rows = session.scalars(select(Conversation).order_by(Conversation.created_at.desc(), Conversation.id).limit(limit).offset(offset))
+            return [_summary(c) for c in rows]
+
+    def get(self, conversation_id: str) -> dict[str, Any] | None:
+        with self.sessions() as session:
+            conversation = session.get(Conversation, conversation_id)
+            if conversation is None:
+                return None
+            messages = [{"role": m.role, "content": m.content, **m.extra} for m in conversation.messages]
+            return {**_summary(conversation), "messages": messages}
+
+    def delete(self, conversation_id: str) -> bool:
+        with self.sessions() as session:
+            # Bulk deletes skip the ORM cascade, so children go explicitly (SQLite may have FKs off).
+            session.execute(delete(Message).where(Message.conversation_id == conversation_id))
+            session.execute(delete(StoredTrajectory).where(StoredTrajectory.conversation_id == conversation_id))
+            deleted = session.execute(delete(Conversation).where(Conversation.id == conversation_id)).rowcount
+            session.commit()
+            return bool(deleted)
+
+    def export_jsonl(self) -> Iterator[str]:
+        """One JSON line per stored trajectory, oldest first, read in batches."""
+        last_id = 0
+        while True:
+            with self.sessions() as session:
+                rows = session.scalars(select(StoredTrajectory).where(StoredTrajectory.id > last_id).order_by(StoredTrajectory.id).limit(EXPORT_BATCH)).all()
+            if not rows:
+                return
+            for row in rows:
+                record = {
+                    "conversation_id": row.conversation_id,
+                    "choice": row.choice,
+                    "created_at": row.created_at.isoformat(),
+                    "model": row.model,
+                    "messages": row.messages,
+                    **row.trajectory,
+                }
+                yield json.dumps(record, ensure_ascii=False) + "\n"
+            last_id = rows[-1].id
+
+
+def _summary(conversation: Conversation) -> dict[str, Any]:
+    created = conversation.created_at
+    if created.tzinfo is None:  # SQLite hands back naive datetimes; they were written in UTC
+        created = created.replace(tzinfo=timezone.utc)
+    return {"id": conversation.id, "created_at": int(created.timestamp()), "model": conversation.model, "title": conversation.title}

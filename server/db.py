@@ -34,6 +34,7 @@ class Conversation(Base):
     model: Mapped[str] = mapped_column(String(256))
     title: Mapped[str] = mapped_column(String(256), default="")
     messages: Mapped[list[Message]] = relationship(back_populates="conversation", order_by="Message.position", cascade="all, delete-orphan")
+    trajectories: Mapped[list[StoredTrajectory]] = relationship(back_populates="conversation", cascade="all, delete-orphan", passive_deletes=True)
 
 
 class Message(Base):
@@ -47,6 +48,25 @@ class Message(Base):
     extra: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # reasoning, tool calls, finish reason, usage
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
     conversation: Mapped[Conversation] = relationship(back_populates="messages")
+
+
+class StoredTrajectory(Base):
+    """One choice's agent-loop trajectory (server/trajectory.py's Trajectory.to_dict()) and the messages it
+    answered: what `GET /v1/conversations/export.jsonl` writes for SFT/RL data."""
+
+    __tablename__ = "trajectories"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    choice: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    model: Mapped[str] = mapped_column(String(256))
+    messages: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    trajectory: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    stop_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    num_turns: Mapped[int] = mapped_column(Integer, default=0)
+    num_tool_calls: Mapped[int] = mapped_column(Integer, default=0)
+    conversation: Mapped[Conversation] = relationship(back_populates="trajectories")
 
 
 class EvalRun(Base):

@@ -20,6 +20,7 @@ _ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     413: "invalid_request_error",
+    504: "timeout",
     422: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
@@ -27,9 +28,10 @@ _ERROR_TYPES = {
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | int | None = None) -> dict:
@@ -37,14 +39,14 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return ErrorResponse(error=info).model_dump()
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | int | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status)
+def error_response(status: int, message: str, param: str | None = None, code: str | int | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
-        return error_response(exc.status, exc.message, exc.param, exc.code)
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError):

@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 
 class _Request(BaseModel):
@@ -41,9 +41,48 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ChatCompletionRequest(_Request):
+class FunctionSpec(BaseModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolSpec(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
+
+
+class AgentOptions(_Request):
+    """The rstar extensions every generating endpoint accepts (documented in docs/api.md)."""
+
+    max_turns: int | None = Field(None, ge=1, description="Assistant turns per answer (each tool call starts another); default from settings.")
+    tool_timeout: float | None = Field(None, gt=0, description="Seconds one built-in tool execution may run (capped by the sandbox's max_timeout_s).")
+    builtin_tools: bool = Field(True, description="Offer and run the built-in Python tool server-side for this request.")
+    return_token_ids: bool = Field(False, description="Also return prompt and response token ids (with the response mask).")
+
+
+class ChatCompletionRequest(AgentOptions):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolSpec] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    conversation_id: str | None = Field(None, description="Store this exchange into that existing conversation (its messages are replaced).")
+    continue_final_message: bool = Field(False, description="vLLM's: the final assistant message is the start of the answer.")
+    add_generation_prompt: bool = Field(True, description="vLLM's; ignored (false) with continue_final_message.")
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=16)
@@ -60,9 +99,18 @@ class ChatCompletionRequest(_Request):
     user: str | None = None
 
     @model_validator(mode="after")
-    def _top_logprobs_needs_logprobs(self):
+    def _consistent(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs=true")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ValueError("continue_final_message requires the last message to be from the assistant")
+        names = [tool.function.name for tool in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: function names must be unique")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among tools")
+        if self.tool_choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
         return self
 
     @property
@@ -82,8 +130,11 @@ def new_id(prefix: str) -> str:
 
 class Usage(BaseModel):
     prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: int  # sampled by the model
     total_tokens: int
+    # Extensions: tokens of tool turns (results fed back to the model) and built-in calls made.
+    tool_tokens: int | None = None
+    tool_calls: int | None = None
 
 
 class TopLogprob(BaseModel):
@@ -100,9 +151,43 @@ class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob] | None = None
 
 
+CellStatus = Literal["running", "ok", "error", "timeout", "memory", "output_limit", "queue_timeout", "invalid_input", "internal_error"]
+
+
+class CodeCell(BaseModel):
+    """One built-in tool call the server ran (or refused), for clients to show (extension)."""
+
+    index: int = Field(description="The call's index within the answer, in call order.")
+    name: str
+    code: str
+    status: CellStatus
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float | None = None
+
+    @model_serializer(mode="wrap")
+    def _every_field(self, handler):
+        # Streams drop unset fields (exclude_none); a cell keeps its documented shape, duration_s null included.
+        return {name: getattr(self, name) for name in type(self).model_fields}
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
+    code_cells: list[CodeCell] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -110,6 +195,9 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     finish_reason: str | None
     logprobs: ChoiceLogprobs | None = None
+    # return_token_ids: every response token (sampled and tool turns) and which the model sampled (1).
+    token_ids: list[int] | None = None
+    response_mask: list[int] | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -119,11 +207,28 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    conversation_id: str | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
 
 
 class ChoiceDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+    code_cell: CodeCell | None = None
 
 
 class ChunkChoice(BaseModel):
@@ -131,6 +236,8 @@ class ChunkChoice(BaseModel):
     delta: ChoiceDelta
     finish_reason: str | None = None
     logprobs: ChoiceLogprobs | None = None
+    token_ids: list[int] | None = None
+    response_mask: list[int] | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -140,6 +247,8 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
+    conversation_id: str | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class ModelCard(BaseModel):
@@ -164,3 +273,82 @@ class ErrorInfo(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorInfo
+
+
+# -- /v1/completions, /tokenize, /detokenize -------------------------------------------------------------
+
+
+class CompletionRequest(_Request):
+    """Plain generation from a text or token-id prompt; no chat template, no tool loop (rStar2-Agent's own
+    client drives this endpoint with token ids and loops itself)."""
+
+    model: str
+    prompt: str | list[int] = Field(description="Text, or token ids as they are.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=16)
+    max_tokens: int | None = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    logprobs: int | None = Field(None, ge=0, le=20, description="Logprobs of the sampled token plus this many top alternatives.")
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+    user: str | None = None
+
+    @property
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: CompletionLogprobs | None = None
+    token_ids: list[int] | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class TokenizeRequest(_Request):
+    """Either `prompt` (text as it is) or `messages` (rendered with the served chat template first)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[int]

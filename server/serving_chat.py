@@ -1,21 +1,20 @@
-"""Chat completions: request -> prompt ids -> engine generations -> OpenAI response or SSE stream.
+"""Chat completions: request -> agent-loop runs (one per choice) -> OpenAI response or SSE stream.
 
-Plain chat with the model's own chat template. Each of the `n` choices is one engine generation; they share
-the prompt, so vLLM's prefix cache computes it once.
+The built-in Python tool runs server-side inside the answer; the reasoning travels in `reasoning_content`
+and each execution as a `code_cell` (extensions, docs/api.md). Client-declared function tools come back
+the standard way (`tool_calls`, finish_reason `tool_calls`), with arguments streamed as generated.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
-from rstar.server.conversations import ConversationStore
-from rstar.server.engine import SamplingOptions, TokenDelta, TokenEngine
+from rstar.server.agent_loop import TokensSampled
 from rstar.server.errors import APIError
+from rstar.server.limits import RequestTimeout, with_deadline
 from rstar.server.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -25,206 +24,224 @@ from rstar.server.schemas import (
     ChoiceDelta,
     ChoiceLogprobs,
     ChunkChoice,
+    CodeCell,
+    FunctionCall,
+    FunctionCallDelta,
     TokenLogprob,
+    ToolCallDelta,
+    ToolCallOut,
     TopLogprob,
     Usage,
     new_id,
 )
+from rstar.server.serving_agent import AgentPlan, Answer, Limits, Serving, plan_agent, request_messages, run_choices
+from rstar.server.tool_calls import TextDelta, ToolCallArgumentsDelta, ToolCallStarted
 
 log = logging.getLogger("rstar.server")
 
 
-@dataclass
-class _Choice:
-    """One choice as it accumulates."""
-
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-
-
 class ChatService:
-    def __init__(self, engine: TokenEngine, model_names: set[str], store: ConversationStore | None, store_by_default: bool):
-        self.engine = engine
-        self.model_names = model_names
-        self.store = store
-        self.store_by_default = store_by_default
+    def __init__(self, serving: Serving):
+        self.serving = serving
 
-    # -- request -> engine inputs ------------------------------------------------------------------
-
-    def check_model(self, name: str) -> None:
-        if name not in self.model_names:
-            raise APIError(404, f"The model `{name}` does not exist. Available: {', '.join(sorted(self.model_names))}.", "model", "model_not_found")
-
-    def render_prompt(self, request: ChatCompletionRequest) -> list[int]:
-        messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in request.messages]
-        text = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.engine.tokenizer.encode(text, add_special_tokens=False)
-
-    def sampling_options(self, request: ChatCompletionRequest, prompt_len: int, choice: int) -> SamplingOptions:
-        room = self.engine.max_model_len - prompt_len
-        limit = request.token_limit
-        if room <= 0 or (limit is not None and limit > room):
-            asked = f" plus {limit} completion tokens" if limit else ""
-            raise APIError(
-                400,
-                f"This model's maximum context length is {self.engine.max_model_len} tokens. However, your request has "
-                f"{prompt_len} input tokens{asked}. Please reduce the length of the messages or the completion.",
-                "messages",
-                "context_length_exceeded",
-            )
-        return SamplingOptions(
-            max_tokens=limit or room,
+    def plan(self, request: ChatCompletionRequest) -> AgentPlan:
+        serving = self.serving
+        serving.check_model(request.model)
+        if request.conversation_id is not None and serving.store is not None and not serving.store.exists(request.conversation_id):
+            raise APIError(404, f"No conversation with id {request.conversation_id!r}.", "conversation_id", "conversation_not_found")
+        limits = Limits(
+            n=request.n,
+            max_tokens=request.token_limit,
             temperature=request.temperature,
             top_p=request.top_p,
-            top_k=max(request.top_k, 0),
-            # Distinct seeds per choice, so n > 1 with a seed gives n different but reproducible samples.
-            seed=None if request.seed is None else request.seed + choice,
+            top_k=request.top_k,
+            seed=request.seed,
             stop=request.stop_list,
-            logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+            logprobs=request.logprobs,
+            top_logprobs=request.top_logprobs or 0,
+            max_turns=request.max_turns,
+            tool_timeout=request.tool_timeout,
+        )
+        tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
+        tool_choice = request.tool_choice.model_dump() if hasattr(request.tool_choice, "model_dump") else request.tool_choice
+        return plan_agent(
+            serving, request_messages(request.messages), tools, tool_choice, request.builtin_tools, limits, request.continue_final_message
         )
 
-    def prepare(self, request: ChatCompletionRequest) -> tuple[list[int], list[SamplingOptions]]:
-        self.check_model(request.model)
-        prompt_ids = self.render_prompt(request)
-        return prompt_ids, [self.sampling_options(request, len(prompt_ids), i) for i in range(request.n)]
+    # -- non-streaming --------------------------------------------------------------------------------
 
-    # -- engine outputs -> wire ------------------------------------------------------------------
+    async def complete(self, request: ChatCompletionRequest, received_at: float) -> ChatCompletion:
+        plan = self.plan(request)
+        serving = self.serving
+        logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in range(request.n)}
+        answers: dict[int, Answer] = {}
+        timeout = serving.settings.api.request_timeout_s
+        async with serving.admission.slots(request.n):
+            try:
+                async with asyncio.timeout(timeout):
+                    async for answer, pieces in run_choices(serving, plan, new_id("chatcmpl"), received_at):
+                        answers[answer.index] = answer
+                        if request.logprobs:
+                            logprobs[answer.index] += [e for p in pieces if isinstance(p, TokensSampled) for e in self._logprobs(p)]
+            except TimeoutError:
+                raise RequestTimeout(timeout) from None
+        ordered = [answers[i] for i in range(request.n)]
+        conversation_id = await self._store(request, ordered)
+        return ChatCompletion(
+            model=request.model,
+            choices=[
+                ChatChoice(
+                    index=a.index,
+                    message=_message(a),
+                    finish_reason=a.finish_reason,
+                    logprobs=ChoiceLogprobs(content=logprobs[a.index]) if request.logprobs else None,
+                    token_ids=a.trajectory.response_ids if request.return_token_ids else None,
+                    response_mask=a.trajectory.response_mask if request.return_token_ids else None,
+                )
+                for a in ordered
+            ],
+            usage=_usage(plan, ordered),
+            conversation_id=conversation_id,
+            prompt_token_ids=ordered[0].trajectory.prompt_ids if request.return_token_ids else None,
+        )
 
-    def _logprobs(self, delta: TokenDelta) -> list[TokenLogprob]:
+    # -- streaming ------------------------------------------------------------------------------------
+
+    async def stream(self, request: ChatCompletionRequest, received_at: float) -> AsyncIterator[str]:
+        """Validate and admit first (errors become HTTP errors, not a broken stream), then stream SSE events."""
+        plan = self.plan(request)
+        await self.serving.admission.acquire(request.n)
+        return self._sse(request, plan, received_at)
+
+    async def _sse(self, request: ChatCompletionRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[str]:
+        serving = self.serving
+        chunk_id, created = new_id("chatcmpl"), int(time.time())
+        conversation_id = serving.store.new_id() if serving.store_requested(request.store) else None
+        if request.conversation_id and conversation_id:
+            conversation_id = request.conversation_id
+        pending_logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in range(request.n)}
+        answers: dict[int, Answer] = {}
+
+        def event(rows: list[ChunkChoice], usage: Usage | None = None, **top) -> str:
+            chunk = ChatCompletionChunk(id=chunk_id, created=created, model=request.model, choices=rows, usage=usage, **top)
+            return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+
+        def logprobs_of(index: int) -> ChoiceLogprobs | None:
+            if not request.logprobs or not pending_logprobs[index]:
+                return None
+            entries, pending_logprobs[index] = pending_logprobs[index], []
+            return ChoiceLogprobs(content=entries)
+
+        try:
+            for index in range(request.n):
+                first = {"conversation_id": conversation_id} if index == 0 else {}
+                yield event([ChunkChoice(index=index, delta=ChoiceDelta(role="assistant", content=""))], **first)
+            events = with_deadline(run_choices(serving, plan, chunk_id, received_at), time.monotonic() + serving.settings.api.request_timeout_s,
+                                   serving.settings.api.request_timeout_s)
+            async for answer, pieces in events:
+                answers[answer.index] = answer
+                for piece in pieces:
+                    if isinstance(piece, TokensSampled):
+                        if request.logprobs:
+                            pending_logprobs[answer.index] += self._logprobs(piece)
+                        continue
+                    delta = _delta(answer, piece)
+                    yield event([ChunkChoice(index=answer.index, delta=delta, logprobs=logprobs_of(answer.index))])
+                if answer.trajectory is not None:
+                    ids = request.return_token_ids
+                    row = ChunkChoice(
+                        index=answer.index,
+                        delta=ChoiceDelta(),
+                        finish_reason=answer.finish_reason,
+                        logprobs=logprobs_of(answer.index),
+                        token_ids=answer.trajectory.response_ids if ids else None,
+                        response_mask=answer.trajectory.response_mask if ids else None,
+                    )
+                    top = {"prompt_token_ids": answer.trajectory.prompt_ids} if ids else {}
+                    yield event([row], **top)
+        finally:
+            await serving.admission.release(request.n)
+        ordered = [answers[i] for i in range(request.n)]
+        await self._store(request, ordered, conversation_id)
+        if request.stream_options and request.stream_options.include_usage:
+            yield event([], _usage(plan, ordered))
+        yield "data: [DONE]\n\n"
+
+    # -- helpers --------------------------------------------------------------------------------------
+
+    def _logprobs(self, sampled: TokensSampled) -> list[TokenLogprob]:
+        delta = sampled.delta
         if delta.logprobs is None:
             return []
-        decode = self.engine.tokenizer.decode
+        decode = self.serving.engine.tokenizer.decode
+        tops = delta.top_logprobs or [{}] * len(delta.token_ids)
         entries = []
-        for position, (token_id, logprob) in enumerate(zip(delta.token_ids, delta.logprobs)):
-            top = (delta.top_logprobs or [{}] * len(delta.token_ids))[position]
+        for token_id, logprob, top in zip(delta.token_ids, delta.logprobs, tops):
             token = decode([token_id])
+            ranked = sorted(top.items(), key=lambda kv: -kv[1])
             entries.append(
                 TokenLogprob(
                     token=token,
                     logprob=logprob,
                     bytes=list(token.encode()),
-                    top_logprobs=[TopLogprob(token=decode([t]), logprob=lp, bytes=list(decode([t]).encode())) for t, lp in sorted(top.items(), key=lambda kv: -kv[1])],
+                    top_logprobs=[TopLogprob(token=decode([t]), logprob=lp, bytes=list(decode([t]).encode())) for t, lp in ranked],
                 )
             )
         return entries
 
-    async def _store(self, request: ChatCompletionRequest, choices: list[_Choice]) -> None:
-        keep = self.store_by_default if request.store is None else request.store
-        if not (keep and self.store):
-            return
-        messages = [{"role": m.role, "content": m.text()} for m in request.messages]
-        replies = [{"role": "assistant", "content": c.text, "finish_reason": c.finish_reason, "choice": c.index} for c in choices]
+    async def _store(self, request: ChatCompletionRequest, answers: list[Answer], conversation_id: str | None = None) -> str | None:
+        """Keep the exchange (unless opted out); returns the conversation id, or None when not stored."""
+        serving = self.serving
+        if not serving.store_requested(request.store):
+            return None
+        messages = request_messages(request.messages)
+        reply = _stored_reply(answers[0])
         try:
-            await self.store.save_exchange_async(request.model, messages, replies)
+            return await serving.store.save_exchange_async(
+                request.model,
+                messages,
+                [reply],
+                conversation_id=conversation_id or request.conversation_id,
+                trajectories=[a.trajectory for a in answers],
+            )
         except Exception:  # losing the log of an answer must not lose the answer itself
             log.exception("could not store the conversation")
-
-    async def complete(self, request: ChatCompletionRequest) -> ChatCompletion:
-        prompt_ids, options = self.prepare(request)
-        choices = [_Choice(index=i) for i in range(request.n)]
-
-        async def run(choice: _Choice, opts: SamplingOptions) -> None:
-            async for delta in self.engine.generate(prompt_ids, opts):
-                self._accumulate(choice, delta)
-
-        await asyncio.gather(*(run(c, o) for c, o in zip(choices, options)))
-        await self._store(request, choices)
-        completion_tokens = sum(len(c.token_ids) for c in choices)
-        return ChatCompletion(
-            model=request.model,
-            choices=[
-                ChatChoice(
-                    index=c.index,
-                    message=AssistantMessage(content=c.text),
-                    finish_reason=c.finish_reason,
-                    logprobs=ChoiceLogprobs(content=c.logprobs) if request.logprobs else None,
-                )
-                for c in choices
-            ],
-            usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens, total_tokens=len(prompt_ids) + completion_tokens),
-        )
-
-    def _accumulate(self, choice: _Choice, delta: TokenDelta) -> list[TokenLogprob]:
-        choice.text += delta.text
-        choice.token_ids += delta.token_ids
-        entries = self._logprobs(delta)
-        choice.logprobs += entries
-        if delta.finished:
-            choice.finish_reason = delta.finish_reason
-        return entries
-
-    async def stream(self, request: ChatCompletionRequest) -> AsyncIterator[str]:
-        """Validate first (errors become HTTP errors, not a broken stream), then yield SSE events."""
-        prompt_ids, options = self.prepare(request)
-        return self._sse(request, prompt_ids, options)
-
-    async def _sse(self, request: ChatCompletionRequest, prompt_ids: list[int], options: list[SamplingOptions]) -> AsyncIterator[str]:
-        chunk_id, created = new_id("chatcmpl"), int(time.time())
-        choices = [_Choice(index=i) for i in range(request.n)]
-
-        def event(choice_rows: list[ChunkChoice], usage: Usage | None = None) -> str:
-            chunk = ChatCompletionChunk(id=chunk_id, created=created, model=request.model, choices=choice_rows, usage=usage)
-            return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
-
-        for choice in choices:
-            yield event([ChunkChoice(index=choice.index, delta=ChoiceDelta(role="assistant", content=""))])
-        async for index, delta in _merge([self.engine.generate(prompt_ids, opts) for opts in options]):
-            entries = self._accumulate(choices[index], delta)
-            row = ChunkChoice(
-                index=index,
-                delta=ChoiceDelta(content=delta.text),
-                finish_reason=delta.finish_reason if delta.finished else None,
-                logprobs=ChoiceLogprobs(content=entries) if request.logprobs else None,
-            )
-            yield event([row])
-        await self._store(request, choices)
-        if request.stream_options and request.stream_options.include_usage:
-            completion_tokens = sum(len(c.token_ids) for c in choices)
-            usage = Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens, total_tokens=len(prompt_ids) + completion_tokens)
-            yield event([], usage)
-        yield "data: [DONE]\n\n"
+            return None
 
 
-async def _merge(streams: list[AsyncIterator[TokenDelta]]) -> AsyncIterator[tuple[int, TokenDelta]]:
-    """Interleave several generations as their deltas arrive, tagged with their index.
-
-    Closing the merged iterator (client gone) cancels the pumps, which closes every generation and so
-    aborts it in the engine.
-    """
-    if len(streams) == 1:
-        async for delta in streams[0]:
-            yield 0, delta
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def pump(index: int, stream: AsyncIterator[TokenDelta]) -> None:
-        try:
-            async for delta in stream:
-                await queue.put((index, delta))
-        finally:
-            await queue.put((index, done))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    remaining = len(tasks)
-    try:
-        while remaining:
-            index, item = await queue.get()
-            if item is done:
-                remaining -= 1
-                continue
-            yield index, item
-        for task in tasks:
-            task.result()  # surface an engine error from any choice
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+def _message(answer: Answer) -> AssistantMessage:
+    calls = [ToolCallOut(id=call_id, function=FunctionCall(name=call.name, arguments=call.arguments_json)) for call_id, call in answer.tool_calls()]
+    return AssistantMessage(
+        content=answer.content if answer.content or not calls else None,
+        reasoning_content=answer.reasoning,
+        tool_calls=calls or None,
+        code_cells=sorted(answer.cells.values(), key=lambda cell: cell.index),
+    )
 
 
-def sse_error(message: str) -> str:
-    """An error after the stream began: OpenAI clients read an `error` event and raise."""
-    return f"data: {json.dumps({'error': {'message': message, 'type': 'server_error', 'code': 500}})}\n\n"
+def _stored_reply(answer: Answer) -> dict:
+    message = _message(answer).model_dump(exclude_none=True)
+    message["finish_reason"] = answer.finish_reason
+    return message
+
+
+def _delta(answer: Answer, piece) -> ChoiceDelta:
+    if isinstance(piece, TextDelta):
+        return ChoiceDelta(reasoning_content=piece.text) if piece.reasoning else ChoiceDelta(content=piece.text)
+    if isinstance(piece, CodeCell):
+        return ChoiceDelta(code_cell=piece)
+    position = list(answer.client_calls).index(piece.index)
+    if isinstance(piece, ToolCallStarted):
+        call_id = answer.client_calls[piece.index][0]
+        return ChoiceDelta(tool_calls=[ToolCallDelta(index=position, id=call_id, type="function", function=FunctionCallDelta(name=piece.name, arguments=""))])
+    assert isinstance(piece, ToolCallArgumentsDelta)
+    return ChoiceDelta(tool_calls=[ToolCallDelta(index=position, function=FunctionCallDelta(arguments=piece.text))])
+
+
+def _usage(plan: AgentPlan, answers: list[Answer]) -> Usage:
+    sampled = sum(a.trajectory.num_sampled_tokens for a in answers)
+    tool_tokens = sum(len(a.trajectory.response_ids) for a in answers) - sampled
+    executed = sum(1 for a in answers for call in a.trajectory.tool_calls if call.exec_status is not None)
+    return Usage(
+        prompt_tokens=plan.prompt_len, completion_tokens=sampled, total_tokens=plan.prompt_len + sampled, tool_tokens=tool_tokens, tool_calls=executed
+    )

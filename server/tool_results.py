@@ -33,6 +33,9 @@ class ExecResult:
     duration_s: float = 0.0
     # Why it failed, as code-judge names it: '' for a program error, 'worker_timeout', 'internal_error', ...
     reason: str = ""
+    # The sandbox's own finer status (ok, error, timeout, memory, output_limit, ...), which code-judge's
+    # reason folds together; API clients see it, the model does not.
+    status: str = ""
 
 
 def render_exec_result(result: ExecResult) -> str:

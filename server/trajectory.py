@@ -18,7 +18,7 @@ StopReason = Literal["stop", "length", "max_turns", "tool_calls", "abort"]
 
 @dataclass
 class ToolCallRecord:
-    turn: int
+    turn: int  # -1: a call the client's final assistant message already held (continue_final_message)
     index: int  # across the trajectory, in call order
     raw: str  # the text between <tool_call> and </tool_call>
     name: Any
@@ -30,6 +30,7 @@ class ToolCallRecord:
     stdout: str | None = None
     stderr: str | None = None
     exec_reason: str | None = None
+    exec_status: str | None = None  # the sandbox's status: ok, error, timeout, memory, output_limit, ...
     exec_duration_s: float | None = None  # as the sandbox measured it
     started_at: float | None = None  # unix time
     wall_s: float | None = None  # including sandbox queueing

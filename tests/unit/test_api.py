@@ -14,6 +14,7 @@ from rstar.config import load_settings
 from rstar.server.api import create_app
 from rstar.server.db import Conversation, open_database
 from tests.scripted_engine import ScriptedEngine
+from tests.scripted_sandbox import ScriptedSandbox
 
 REPLY = "Two plus two is 4."
 
@@ -23,14 +24,15 @@ def make_server(tmp_path, default_tokenizer):
     """Start the app on a scripted engine; yields (openai client, test client, engine, settings)."""
     opened = []
 
-    def start(replies=(REPLY,), **settings_overrides):
+    def start(replies=(REPLY,), sandbox=None, max_model_len=1024, **settings_overrides):
         settings = load_settings(data_dir=tmp_path, **settings_overrides)
-        engine = ScriptedEngine(default_tokenizer, list(replies), max_model_len=256)
+        engine = ScriptedEngine(default_tokenizer, list(replies), max_model_len=max_model_len)
+        sandbox = sandbox or ScriptedSandbox()
 
         async def factory():
             return engine
 
-        http = TestClient(create_app(settings, factory, "scripted"))
+        http = TestClient(create_app(settings, factory, "scripted", sandbox_factory=lambda: sandbox))
         http.__enter__()
         opened.append(http)
         client = openai.OpenAI(base_url="http://testserver/v1", api_key=settings.api_key or "none", http_client=http, max_retries=0)
@@ -115,7 +117,7 @@ def test_context_overflow_is_400(make_server):
     client, _, engine, _ = make_server()
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}], max_tokens=10_000)
-    assert "maximum context length is 256 tokens" in err.value.body["message"]
+    assert "maximum context length is 1024 tokens" in err.value.body["message"]
     assert err.value.body["code"] == "context_length_exceeded"
     assert engine.prompts == []  # nothing reached the engine
 

@@ -1,0 +1,162 @@
+"""Request limits: body size (413), a bounded admission queue per engine (429), per-request deadlines (504),
+and cancelling a request whose client has gone.
+
+Nothing here queues without bound: the engine would accept every request and schedule it eventually, so
+the admission queue is where overload turns into a quick 429 with Retry-After instead of ever-longer waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from rstar.server.errors import APIError, error_body
+
+T = TypeVar("T")
+
+
+class Overloaded(APIError):
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(429, message, code="server_overloaded", headers={"Retry-After": str(retry_after_s)})
+
+
+class RequestTimeout(APIError):
+    def __init__(self, seconds: float):
+        super().__init__(504, f"the request did not finish within {seconds:g} s (server setting api.request_timeout_s)", code="timeout")
+
+
+class Admission:
+    """At most `max_running` generations at once; at most `max_waiting` requests waiting for room.
+
+    A request asks for as many slots as it has choices (`n`), since each is one engine sequence.
+    """
+
+    def __init__(self, max_running: int, max_waiting: int, wait_timeout_s: float, retry_after_s: int):
+        self.max_running, self.max_waiting = max_running, max_waiting
+        self.wait_timeout_s, self.retry_after_s = wait_timeout_s, retry_after_s
+        self.running = 0
+        self.waiting = 0
+        self._room = asyncio.Condition()
+
+    async def acquire(self, slots: int) -> None:
+        if slots > self.max_running:
+            raise APIError(400, f"n={slots} exceeds the {self.max_running} generations this server runs at once", "n")
+        async with self._room:
+            if self.running + slots <= self.max_running and not self.waiting:
+                self.running += slots
+                return
+            if self.waiting >= self.max_waiting:
+                raise Overloaded(f"the server is at capacity ({self.running} running, {self.waiting} waiting); retry later", self.retry_after_s)
+            self.waiting += 1
+            try:
+                await asyncio.wait_for(self._room.wait_for(lambda: self.running + slots <= self.max_running), self.wait_timeout_s)
+            except asyncio.TimeoutError:
+                raise Overloaded(f"no room within {self.wait_timeout_s:g} s ({self.running} running); retry later", self.retry_after_s) from None
+            finally:
+                self.waiting -= 1
+            self.running += slots
+
+    async def release(self, slots: int) -> None:
+        async with self._room:
+            self.running -= slots
+            self._room.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def slots(self, count: int):
+        await self.acquire(count)
+        try:
+            yield
+        finally:
+            await self.release(count)
+
+
+async def with_deadline(events: AsyncIterator[T], deadline: float, timeout_s: float) -> AsyncIterator[T]:
+    """Pass `events` through until the monotonic `deadline`; then close them and raise RequestTimeout."""
+    async with contextlib.aclosing(events):
+        while True:
+            try:
+                async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(deadline - time.monotonic(), 0)):
+                    item = await anext(events)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise RequestTimeout(timeout_s) from None
+            yield item
+
+
+async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Run `work` unless the client disconnects first; then cancel it (which aborts its generations).
+
+    The request body has been read by then, so the next ASGI message can only be the disconnect.
+    """
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        raise ClientDisconnected()
+    return task.result()
+
+
+class ClientDisconnected(Exception):
+    """The client left; nothing is sent back."""
+
+
+class BodySizeLimit:
+    """ASGI middleware: 413 for a body over `max_bytes`, from Content-Length before reading, else once the
+    chunks read so far exceed it. The body is read here (the JSON routes read it whole anyway) and handed
+    on; later `receive` calls reach the client's connection, so disconnects are still seen."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "DELETE"):
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._reject(send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left while sending
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await self._reject(send)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, send: Send) -> None:
+        message = f"request body exceeds {self.max_bytes} bytes (server setting api.max_body_bytes)"
+        body = json.dumps(error_body(413, message, code="body_too_large")).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

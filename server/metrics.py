@@ -1,0 +1,84 @@
+"""Prometheus metrics of the API server, served at /metrics.
+
+One registry per app (not prometheus_client's global one), so several apps in one process (tests, the
+benchmark) count separately. The engine's gauges are read at scrape time, so they are never stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from rstar.server.engine import TokenEngine
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# Sandbox statuses that are the sandbox's fault, not the program's.
+SANDBOX_FAILURES = frozenset({"internal_error", "queue_timeout"})
+
+
+class ServerMetrics:
+    def __init__(self, engine: TokenEngine):
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter("rstar_requests", "HTTP requests answered, by route and status code.", ["route", "status"], registry=registry)
+        self.prompt_tokens = Counter("rstar_prompt_tokens", "Prompt tokens of generation requests.", registry=registry)
+        self.generation_tokens = Counter("rstar_generation_tokens", "Tokens the model sampled.", registry=registry)
+        self.tool_tokens = Counter("rstar_tool_tokens", "Tokens of tool turns fed back to the model.", registry=registry)
+        self.time_to_first_token = Histogram(
+            "rstar_time_to_first_token_seconds", "From request arrival to the first generated text.", buckets=_LATENCY_BUCKETS, registry=registry
+        )
+        self.request_latency = Histogram(
+            "rstar_request_duration_seconds", "Generation requests, arrival to last byte.", buckets=_LATENCY_BUCKETS, registry=registry
+        )
+        self.tool_calls = Counter("rstar_tool_calls", "Built-in tool calls, by tool and sandbox status.", ["tool", "status"], registry=registry)
+        self.tool_latency = Histogram(
+            "rstar_tool_latency_seconds", "Built-in tool calls, sandbox queueing included.", ["tool"], buckets=_LATENCY_BUCKETS, registry=registry
+        )
+        self.sandbox_failures = Counter(
+            "rstar_sandbox_failures", "Tool calls the sandbox could not run (internal_error, queue_timeout, unreachable).", registry=registry
+        )
+        self.rejected = Counter("rstar_rejected_requests", "Requests refused by a limit, by reason.", ["reason"], registry=registry)
+        self.client_disconnects = Counter("rstar_client_disconnects", "Requests whose client left before the answer ended.", registry=registry)
+        running = Gauge("rstar_engine_running_requests", "Requests the engine scheduled in its last step.", registry=registry)
+        waiting = Gauge("rstar_engine_waiting_requests", "Requests waiting in the engine's scheduler.", registry=registry)
+        kv_usage = Gauge("rstar_engine_kv_cache_usage", "KV-cache blocks in use, 0..1.", registry=registry)
+        running.set_function(lambda: engine.stats().running)
+        waiting.set_function(lambda: engine.stats().waiting)
+        kv_usage.set_function(lambda: engine.stats().kv_cache_usage)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestCounter:
+    """ASGI middleware counting answered requests by route template and status (pure ASGI: streams pass
+    through untouched). `metrics` returns the app's ServerMetrics, or None before start-up finished."""
+
+    def __init__(self, app: ASGIApp, metrics: Callable[[], ServerMetrics | None]):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = {}
+
+        async def recording(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording)
+        finally:
+            metrics = self.metrics()
+            if metrics is not None and "code" in status:
+                # The router records the matched route in the scope; unmatched paths share one label.
+                route = getattr(scope.get("route"), "path", "unmatched")
+                metrics.requests.labels(route, str(status["code"])).inc()
+                if status["code"] in (413, 429, 504):
+                    metrics.rejected.labels(str(status["code"])).inc()

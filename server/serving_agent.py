@@ -1,0 +1,359 @@
+"""What the generating endpoints share: the server's state (`Serving`), turning a request's messages, tools
+and options into agent-loop runs (`plan_agent`, `run_choices`), and folding loop events into one answer
+per choice (`Answer`), which chat completions and responses then put on the wire in their own shapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rstar.config import Settings
+from rstar.sandbox.clients import SandboxClient
+from rstar.server.agent_loop import Done, LoopConfig, LoopEvent, TokensSampled, ToolExecutionStarted, ToolResult, TurnStarted, run_agent
+from rstar.server.builtin_tools import BUILTIN_TOOLS, PYTHON_TOOL, SandboxExecutor, builtin_tool_schemas
+from rstar.server.chat_template import ChatTemplate
+from rstar.server.conversations import ConversationStore
+from rstar.server.engine import SamplingOptions, TokenEngine
+from rstar.server.errors import APIError
+from rstar.server.limits import Admission
+from rstar.server.metrics import SANDBOX_FAILURES, ServerMetrics
+from rstar.server.schemas import CodeCell
+from rstar.server.tool_calls import CALL_CLOSE, CALL_OPEN, TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
+from rstar.server.trajectory import ToolCallRecord, Trajectory
+
+
+@dataclass
+class Serving:
+    """The server's long-lived parts, built once in the app's lifespan and shared by every endpoint."""
+
+    engine: TokenEngine
+    template: ChatTemplate
+    sandbox: SandboxClient
+    model_names: set[str]
+    store: ConversationStore | None
+    settings: Settings
+    metrics: ServerMetrics
+    admission: Admission
+
+    def check_model(self, name: str) -> None:
+        if name not in self.model_names:
+            raise APIError(404, f"The model `{name}` does not exist. Available: {', '.join(sorted(self.model_names))}.", "model", "model_not_found")
+
+    def context_error(self, prompt_len: int, asked: int | None) -> APIError:
+        extra = f" plus {asked} completion tokens" if asked else ""
+        return APIError(
+            400,
+            f"This model's maximum context length is {self.engine.max_model_len} tokens. However, your request has "
+            f"{prompt_len} input tokens{extra}. Please reduce the length of the messages or the completion.",
+            "messages",
+            "context_length_exceeded",
+        )
+
+    def store_requested(self, store: bool | None) -> bool:
+        return self.store is not None and (self.settings.store_conversations if store is None else store)
+
+
+@dataclass
+class AgentPlan:
+    """One request, ready for the loop: what is rendered, what may be called, and how each choice samples."""
+
+    messages: list[dict]
+    tools: list[dict]  # listed in the prompt
+    config: LoopConfig
+    sampling: list[SamplingOptions]  # one per choice
+    continue_final_message: bool
+    prompt_len: int
+    executor: SandboxExecutor
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The sampling and loop options common to chat completions and responses."""
+
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    max_turns: int | None = None
+    tool_timeout: float | None = None
+
+
+def forced_call_prefix(tool_choice: Any) -> str | None:
+    """Text that makes the answer start with a tool call: tool_choice 'required' opens a call and leaves the
+    name to the model; a named choice writes the name too. Generation continues from there."""
+    if tool_choice == "required":
+        return CALL_OPEN + '\n{"name": "'
+    if isinstance(tool_choice, Mapping):
+        return CALL_OPEN + '\n{"name": ' + json.dumps(tool_choice["function"]["name"]) + ', "arguments": '
+    return None
+
+
+def plan_agent(
+    serving: Serving,
+    messages: Sequence[Mapping],
+    client_tools: Sequence[Mapping],
+    tool_choice: Any,
+    builtin_tools: bool,
+    limits: Limits,
+    continue_final_message: bool = False,
+) -> AgentPlan:
+    """Validate a request against the server's limits and the context window (APIError 400 when it does not fit)."""
+    settings = serving.settings.api
+    messages = [dict(message) for message in messages]
+    offered = [] if tool_choice == "none" else [dict(tool) for tool in client_tools]
+    builtin = builtin_tool_schemas([PYTHON_TOOL]) if builtin_tools else []
+    prefix = forced_call_prefix(tool_choice)
+    if prefix is not None:
+        if continue_final_message:
+            messages[-1]["content"] = _text(messages[-1].get("content")) + prefix
+        else:
+            messages.append({"role": "assistant", "content": serving.template.generation_prefix + prefix})
+        continue_final_message = True
+    max_turns = limits.max_turns or settings.max_turns
+    if max_turns > settings.max_turns_limit:
+        raise APIError(400, f"max_turns may be at most {settings.max_turns_limit}", "max_turns")
+    tools = builtin + offered
+    try:
+        if continue_final_message:
+            prompt_ids = serving.template.encode_continuation(messages, tools)
+        else:
+            prompt_ids = serving.template.encode(messages, tools)
+    except Exception as exc:  # a template that cannot render these messages (roles, order)
+        raise APIError(400, f"the chat template cannot render these messages: {exc}", "messages") from exc
+    room = serving.engine.max_model_len - len(prompt_ids)
+    if room <= 0 or (limits.max_tokens is not None and limits.max_tokens > room):
+        raise serving.context_error(len(prompt_ids), limits.max_tokens)
+    client_names = frozenset(tool["function"]["name"] for tool in offered)
+    config = LoopConfig(
+        max_turns=max_turns,
+        max_response_tokens=limits.max_tokens,
+        # One built-in call per turn as released; clients may get parallel calls of their own tools.
+        max_parallel_calls=16 if client_names else 1,
+        client_tools=client_names,
+        builtin_tools=frozenset(BUILTIN_TOOLS) if builtin_tools else frozenset(),
+        token_events=True,
+        top_logprobs=limits.top_logprobs if limits.logprobs else 0,
+    )
+    sampling = [
+        SamplingOptions(
+            max_tokens=room,
+            temperature=limits.temperature,
+            top_p=limits.top_p,
+            top_k=max(limits.top_k, 0),
+            # Distinct seeds per choice, so n > 1 with a seed gives n different but reproducible samples.
+            seed=None if limits.seed is None else limits.seed + choice,
+            stop=limits.stop,
+        )
+        for choice in range(limits.n)
+    ]
+    executor = SandboxExecutor(serving.sandbox, limits.tool_timeout)
+    return AgentPlan(messages, tools, config, sampling, continue_final_message, len(prompt_ids), executor)
+
+
+@dataclass
+class Answer:
+    """One choice as its events arrive: text, reasoning, code cells, the client's tool calls, timings."""
+
+    index: int
+    client_tools: frozenset[str]
+    runs_tools: bool
+    content: str = ""
+    reasoning: str = ""
+    cells: dict[int, CodeCell] = field(default_factory=dict)
+    client_calls: dict[int, tuple[str, ToolCall | None]] = field(default_factory=dict)  # call index -> (id, call once ended)
+    trajectory: Trajectory | None = None
+    first_token_at: float | None = None
+    sampled_tokens: int = 0
+
+    @property
+    def finish_reason(self) -> str:
+        """OpenAI's finish reasons; a turn limit reached with a call pending counts as a length limit."""
+        stop = self.trajectory.stop_reason if self.trajectory else "abort"
+        if stop == "tool_calls":
+            return "tool_calls"
+        return {"stop": "stop", "length": "length", "max_turns": "length"}.get(stop, "abort")
+
+    def tool_calls(self) -> list[tuple[str, ToolCall]]:
+        """The client tool calls of the answer's last turn, as (id, call)."""
+        return [(call_id, call) for call_id, call in self.client_calls.values() if call is not None]
+
+    def apply(self, event: LoopEvent) -> list[Any]:
+        """Fold one event in; return what it adds for a stream (text pieces, cells, client call pieces)."""
+        if isinstance(event, TokensSampled):
+            self.sampled_tokens += len(event.delta.token_ids)
+            if self.first_token_at is None and event.delta.token_ids:
+                self.first_token_at = time.monotonic()
+            return [event]  # carries the logprobs
+        if isinstance(event, TurnStarted):
+            # Only the last turn's client calls are the answer's; earlier turns' calls were built-in.
+            self.client_calls = {}
+            return []
+        if isinstance(event, TextDelta):
+            if event.reasoning:
+                self.reasoning += event.text
+            else:
+                self.content += event.text
+            return [event]
+        if isinstance(event, ToolCallStarted):
+            if event.name in self.client_tools:
+                self.client_calls[event.index] = ("call_" + uuid.uuid4().hex[:24], None)
+                return [event]
+            return []
+        if isinstance(event, ToolCallArgumentsDelta):
+            return [event] if event.index in self.client_calls else []
+        if isinstance(event, ToolCallEnded):
+            if event.call.index in self.client_calls and event.complete:
+                self.client_calls[event.call.index] = (self.client_calls[event.call.index][0], event.call)
+                return []
+            if not event.complete or not self.runs_tools:
+                # Not a call the server acts on (cut off, or plain chat): it stays part of the text.
+                text = CALL_OPEN + event.call.raw + (CALL_CLOSE if event.complete else "")
+                self.content += text
+                return [TextDelta(text, reasoning=False)]
+            return []
+        if isinstance(event, ToolExecutionStarted):
+            cell = CodeCell(index=event.index, name=event.name, code=event.code, status="running")
+            self.cells[event.index] = cell
+            return [cell]
+        if isinstance(event, ToolResult):
+            cell = finished_cell(event.record)
+            if cell is None:
+                return []
+            self.cells[cell.index] = cell
+            return [cell]
+        if isinstance(event, Done):
+            self.trajectory = event.trajectory
+        return []
+
+
+def finished_cell(record: ToolCallRecord) -> CodeCell | None:
+    """The final state of a call the server answered; None for a client tool's call (the client runs it)."""
+    if record.response is None:
+        return None
+    if record.exec_status is None:  # nothing ran: bad JSON, unknown or disabled tool, bad arguments
+        code = record.arguments.get("code", record.raw) if isinstance(record.arguments, Mapping) else record.raw
+        name = record.name if isinstance(record.name, str) else ""
+        return CodeCell(index=record.index, name=name, code=str(code), status="invalid_input", stderr=record.response)
+    return CodeCell(
+        index=record.index,
+        name=record.name,
+        code=record.arguments.get("code", "") if isinstance(record.arguments, Mapping) else "",
+        status=record.exec_status,
+        stdout=record.stdout or "",
+        stderr=record.stderr or "",
+        duration_s=record.exec_duration_s,
+    )
+
+
+async def run_choices(serving: Serving, plan: AgentPlan, request_id: str, received_at: float) -> AsyncIterator[tuple[Answer, list[Any]]]:
+    """Run every choice's loop concurrently, yielding (answer, stream pieces) as events arrive; the caller
+    holds the admission slots. Closing this iterator closes every loop, which aborts its engine request
+    and cancels its sandbox jobs."""
+    answers = [Answer(i, plan.config.client_tools, bool(plan.config.builtin_tools or plan.config.client_tools)) for i in range(len(plan.sampling))]
+    streams = [
+        run_agent(
+            serving.engine,
+            serving.template,
+            plan.messages,
+            plan.tools,
+            sampling,
+            plan.executor,
+            plan.config,
+            request_id=f"{request_id}-{i}",
+            continue_final_message=plan.continue_final_message,
+        )
+        for i, sampling in enumerate(plan.sampling)
+    ]
+    async for index, event in merge(streams):
+        answer = answers[index]
+        pieces = answer.apply(event)
+        if isinstance(event, ToolResult):
+            _count_tool_call(serving.metrics, event.record)
+        if isinstance(event, Done):
+            _count_tokens(serving.metrics, answer, plan.prompt_len, received_at)
+        yield answer, pieces
+
+
+def _count_tool_call(metrics: ServerMetrics, record: ToolCallRecord) -> None:
+    if record.response is None:
+        return
+    status = record.exec_status or "invalid_input"
+    name = record.name if isinstance(record.name, str) and record.name in BUILTIN_TOOLS else "other"
+    metrics.tool_calls.labels(name, status).inc()
+    if record.exec_status is not None:
+        metrics.tool_latency.labels(name).observe(record.wall_s or 0.0)
+    if status in SANDBOX_FAILURES:
+        metrics.sandbox_failures.inc()
+
+
+def _count_tokens(metrics: ServerMetrics, answer: Answer, prompt_len: int, received_at: float) -> None:
+    trajectory = answer.trajectory
+    metrics.prompt_tokens.inc(prompt_len)
+    metrics.generation_tokens.inc(trajectory.num_sampled_tokens)
+    metrics.tool_tokens.inc(len(trajectory.response_ids) - trajectory.num_sampled_tokens)
+    if answer.first_token_at is not None:
+        metrics.time_to_first_token.observe(answer.first_token_at - received_at)
+
+
+async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, Any]]:
+    """Interleave several event streams as their events arrive, tagged with their index.
+
+    Closing the merged iterator cancels the pumps, which closes every stream. The queue holds at most a
+    few events per stream: a pump waits while its events are not taken.
+    """
+    if len(streams) == 1:
+        async with contextlib.aclosing(streams[0]) as stream:
+            async for event in stream:
+                yield 0, event
+        return
+    queue: asyncio.Queue = asyncio.Queue(maxsize=len(streams))
+    done = object()
+
+    async def pump(index: int, stream: AsyncIterator) -> None:
+        try:
+            async with contextlib.aclosing(stream):
+                async for event in stream:
+                    await queue.put((index, event))
+        except Exception as exc:  # handed to the consumer, which raises it
+            await queue.put((index, exc))
+            return
+        await queue.put((index, done))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            index, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content)
+    return content or ""
+
+
+def request_messages(messages: Sequence[Any]) -> list[dict]:
+    """Pydantic chat messages as the plain dicts the template and the loop take (unset fields left out)."""
+    return [message.model_dump(exclude_none=True) for message in messages]

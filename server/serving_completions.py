@@ -1,0 +1,169 @@
+"""`/v1/completions` (plain generation from text or token ids, no template, no tool loop) and the
+`/tokenize` / `/detokenize` utilities, all with the served model's tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from rstar.server.engine import SamplingOptions, TokenDelta
+from rstar.server.errors import APIError
+from rstar.server.limits import RequestTimeout, with_deadline
+from rstar.server.schemas import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    Usage,
+    new_id,
+)
+from rstar.server.serving_agent import Serving, merge, request_messages
+
+
+@dataclass
+class _Choice:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: CompletionLogprobs = field(default_factory=CompletionLogprobs)
+    finish_reason: str | None = None
+
+
+class CompletionService:
+    def __init__(self, serving: Serving):
+        self.serving = serving
+
+    def prepare(self, request: CompletionRequest) -> tuple[list[int], list[SamplingOptions]]:
+        serving = self.serving
+        serving.check_model(request.model)
+        tokenizer = serving.engine.tokenizer
+        prompt_ids = list(request.prompt) if isinstance(request.prompt, list) else tokenizer.encode(request.prompt)
+        room = serving.engine.max_model_len - len(prompt_ids)
+        if room <= 0 or (request.max_tokens is not None and request.max_tokens > room):
+            raise serving.context_error(len(prompt_ids), request.max_tokens)
+        options = [
+            SamplingOptions(
+                max_tokens=request.max_tokens or room,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                top_k=max(request.top_k, 0),
+                seed=None if request.seed is None else request.seed + choice,
+                stop=request.stop_list,
+                stop_token_ids=tuple(request.stop_token_ids or ()),
+                logprobs=request.logprobs,
+                ignore_eos=request.ignore_eos,
+                include_stop_str_in_output=request.include_stop_str_in_output,
+                skip_special_tokens=request.skip_special_tokens,
+            )
+            for choice in range(request.n)
+        ]
+        return prompt_ids, options
+
+    def _generations(self, prompt_ids: list[int], options: list[SamplingOptions], request_id: str) -> AsyncIterator[tuple[int, TokenDelta]]:
+        engine = self.serving.engine
+        return merge([engine.generate(prompt_ids, opts, f"{request_id}-{i}") for i, opts in enumerate(options)])
+
+    def _accumulate(self, choice: _Choice, delta: TokenDelta, received_at: float) -> str:
+        if not choice.token_ids and delta.token_ids:
+            self.serving.metrics.time_to_first_token.observe(time.monotonic() - received_at)
+        offset = len(choice.text)
+        choice.text += delta.text
+        choice.token_ids += delta.token_ids
+        if delta.logprobs is not None:
+            decode = self.serving.engine.tokenizer.decode
+            tops = delta.top_logprobs or [{}] * len(delta.token_ids)
+            for token_id, logprob, top in zip(delta.token_ids, delta.logprobs, tops):
+                piece = decode([token_id])
+                choice.logprobs.tokens.append(piece)
+                choice.logprobs.token_logprobs.append(logprob)
+                choice.logprobs.top_logprobs.append({decode([t]): lp for t, lp in top.items()})
+                choice.logprobs.text_offset.append(offset)
+                offset += len(piece)
+        if delta.finished:
+            choice.finish_reason = delta.finish_reason
+        return delta.text
+
+    def _usage(self, prompt_ids: list[int], choices: list[_Choice]) -> Usage:
+        generated = sum(len(c.token_ids) for c in choices)
+        self.serving.metrics.prompt_tokens.inc(len(prompt_ids))
+        self.serving.metrics.generation_tokens.inc(generated)
+        return Usage(prompt_tokens=len(prompt_ids), completion_tokens=generated, total_tokens=len(prompt_ids) + generated)
+
+    async def complete(self, request: CompletionRequest, received_at: float) -> Completion:
+        prompt_ids, options = self.prepare(request)
+        completion_id = new_id("cmpl")
+        choices = [_Choice(i) for i in range(request.n)]
+        timeout = self.serving.settings.api.request_timeout_s
+        async with self.serving.admission.slots(request.n):
+            try:
+                async with asyncio.timeout(timeout):
+                    async for index, delta in self._generations(prompt_ids, options, completion_id):
+                        self._accumulate(choices[index], delta, received_at)
+            except TimeoutError:
+                raise RequestTimeout(timeout) from None
+        return Completion(
+            id=completion_id,
+            model=request.model,
+            choices=[self._wire_choice(request, c, c.text, final=True) for c in choices],
+            usage=self._usage(prompt_ids, choices),
+            prompt_token_ids=prompt_ids if request.return_token_ids else None,
+        )
+
+    def _wire_choice(self, request: CompletionRequest, choice: _Choice, text: str, final: bool) -> CompletionChoice:
+        return CompletionChoice(
+            index=choice.index,
+            text=text,
+            finish_reason=choice.finish_reason if final else None,
+            logprobs=choice.logprobs if request.logprobs is not None and final else None,
+            token_ids=choice.token_ids if request.return_token_ids and final else None,
+        )
+
+    async def stream(self, request: CompletionRequest, received_at: float) -> AsyncIterator[str]:
+        prompt_ids, options = self.prepare(request)
+        await self.serving.admission.acquire(request.n)
+        return self._sse(request, prompt_ids, options, received_at)
+
+    async def _sse(self, request: CompletionRequest, prompt_ids: list[int], options: list[SamplingOptions], received_at: float) -> AsyncIterator[str]:
+        completion_id = new_id("cmpl")
+        choices = [_Choice(i) for i in range(request.n)]
+        timeout = self.serving.settings.api.request_timeout_s
+
+        def event(completion: Completion) -> str:
+            return f"data: {completion.model_dump_json(exclude_none=True)}\n\n"
+
+        try:
+            generations = with_deadline(self._generations(prompt_ids, options, completion_id), time.monotonic() + timeout, timeout)
+            async for index, delta in generations:
+                choice = choices[index]
+                text = self._accumulate(choice, delta, received_at)
+                # Logprobs and token ids travel once, with the choice's last chunk.
+                yield event(Completion(id=completion_id, model=request.model, choices=[self._wire_choice(request, choice, text, delta.finished)]))
+        finally:
+            await self.serving.admission.release(request.n)
+        usage = self._usage(prompt_ids, choices)
+        if request.stream_options and request.stream_options.include_usage:
+            yield event(Completion(id=completion_id, model=request.model, choices=[], usage=usage))
+        yield "data: [DONE]\n\n"
+
+
+def tokenize(serving: Serving, request: TokenizeRequest) -> dict:
+    if request.model is not None:
+        serving.check_model(request.model)
+    if request.messages is not None:
+        tokens = serving.template.encode(request_messages(request.messages), add_generation_prompt=request.add_generation_prompt)
+    else:
+        tokens = serving.engine.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+    return {"tokens": list(tokens), "count": len(tokens), "max_model_len": serving.engine.max_model_len}
+
+
+def detokenize(serving: Serving, request: DetokenizeRequest) -> dict:
+    if request.model is not None:
+        serving.check_model(request.model)
+    vocabulary = len(serving.engine.tokenizer)
+    if any(not 0 <= token < vocabulary for token in request.tokens):
+        raise APIError(400, f"token ids must be in [0, {vocabulary})", "tokens")
+    return {"prompt": serving.engine.tokenizer.decode(request.tokens)}
