@@ -26,6 +26,7 @@ from rstar.server.engine import TokenEngine
 from rstar.server.errors import APIError, error_body, install_error_handlers
 from rstar.server.limits import Admission, BodySizeLimit, ClientDisconnected, cancel_on_disconnect
 from rstar.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
+from rstar.server.routes_evals import evals_router
 from rstar.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard, ModelList, TokenizeRequest
 from rstar.server.schemas_responses import ResponsesRequest
 from rstar.server.serving_agent import Serving
@@ -169,6 +170,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
             raise _no_conversation(conversation_id)
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
+    app.include_router(evals_router(settings.resolved_database_url), dependencies=authorized)
     return app
 
 
