@@ -23,6 +23,7 @@ import importlib.metadata
 import importlib.util
 import itertools
 import json
+import math
 import sys
 import types
 from functools import cache
@@ -31,7 +32,7 @@ from statistics import fmean
 from typing import Any
 
 from rstar.evals.data import DataUnavailable, read_jsonl
-from rstar.evals.metrics import scores_by_doc
+from rstar.evals.metrics import mean_stderr, scores_by_doc
 from rstar.evals.registry import NATIVE_TEMPLATE, Benchmark, Doc, Grade, Prompt, Sampling, register
 
 PACKAGE = "bfcl-eval"
@@ -310,9 +311,15 @@ def aggregate(grades: list[Grade]) -> dict[str, Any]:
     for doc_id, scores in scores_by_doc(grades).items():
         per_category.setdefault(category_of[doc_id], []).append(fmean(scores))
     accuracy = {category: fmean(scores) for category, scores in per_category.items()}
+    # The overall score is linear in the category accuracies, so its standard error combines theirs with the
+    # formula's weights (each category's weight is the overall score it alone would give at accuracy 1).
+    variance = sum(
+        overall_scores({category: 1.0})["overall"] ** 2 * mean_stderr(scores) ** 2 for category, scores in per_category.items()
+    )
     versions = sorted({g.details["data_version"] for g in grades})
     return {
         **overall_scores(accuracy),
+        "overall_stderr": math.sqrt(variance),
         "categories": accuracy,
         "complete": all(len(per_category.get(c, ())) == CATEGORY_SIZES[c] for c in CATEGORIES),
         "data_version": versions[0] if len(versions) == 1 else versions,
@@ -332,5 +339,6 @@ register(
         # 20 model steps (MAXIMUM_STEP_LIMIT); the token cap is ours (bfcl-eval leaves it to the model server).
         sampling=Sampling(temperature=0.0, samples=1, max_turns=20, max_tokens=8192, template=NATIVE_TEMPLATE),
         primary_metric="overall",
+        environment=lambda doc: MultiTurnEnv(doc) if doc["category"] in MULTI_TURN else None,
     )
 )

@@ -15,6 +15,7 @@ from pathlib import Path
 from statistics import fmean
 
 from rstar.evals.data import hf_rows, local_file, read_jsonl
+from rstar.evals.metrics import mean_stderr
 from rstar.evals.registry import NATIVE_TEMPLATE, Benchmark, Doc, Grade, Prompt, Sampling, register
 
 HF_ID = "google/IFEval"
@@ -81,14 +82,18 @@ def grade(doc: Doc, response: str, sample_index: int) -> Grade:
 
 
 def aggregate(grades: list[Grade]) -> dict[str, float]:
-    """Prompt level: share of prompts whose instructions all pass. Instruction level: pooled over all prompts."""
+    """Prompt level: share of prompts whose instructions all pass. Instruction level: pooled over all prompts.
+
+    Standard errors as lm-eval computes them: over prompts, and over the pooled instructions."""
     if not grades:
         raise ValueError("no grades to aggregate")
     scores: dict[str, float] = {}
     for level in ("strict", "loose"):
-        scores[f"prompt_level_{level}_acc"] = fmean(float(g.details[f"prompt_level_{level}_acc"]) for g in grades)
-        followed = [ok for g in grades for ok in g.details[f"inst_level_{level}_acc"]]
-        scores[f"inst_level_{level}_acc"] = fmean(map(float, followed))
+        prompts = [float(g.details[f"prompt_level_{level}_acc"]) for g in grades]
+        followed = [float(ok) for g in grades for ok in g.details[f"inst_level_{level}_acc"]]
+        for metric, values in ((f"prompt_level_{level}_acc", prompts), (f"inst_level_{level}_acc", followed)):
+            scores[metric] = fmean(values)
+            scores[f"{metric}_stderr"] = mean_stderr(values)
     scores["prompts"] = len(grades)
     return scores
 

@@ -68,6 +68,9 @@ class Benchmark:
     aggregate: Callable[[list[Grade]], dict[str, Any]]
     sampling: Sampling
     primary_metric: str  # the key of `aggregate`'s result that the paper reports
+    # For benchmarks whose tool calls the harness executes while generating (BFCL multi-turn): a fresh
+    # environment for one sample of a doc, or None when that doc needs none.
+    environment: Callable[[Doc], Any] | None = None
 
 
 REGISTRY: dict[str, Benchmark] = {}
@@ -80,8 +83,12 @@ def register(benchmark: Benchmark) -> Benchmark:
     return benchmark
 
 
+# Short names (the issue's and the paper's tables') for registry entries.
+ALIASES = {"hmmt25": "hmmt_feb_2025"}
+
+
 def get_benchmark(name: str) -> Benchmark:
     try:
-        return REGISTRY[name]
+        return REGISTRY[ALIASES.get(name, name)]
     except KeyError:
         raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(sorted(REGISTRY))}") from None

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from rstar.config import Settings, load_settings
+from rstar.evals.cli import app as eval_app
 from rstar.sandbox.cli import app as sandbox_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Serve, evaluate and train tool-using reasoning models (rStar2-Agent).")
@@ -24,6 +25,7 @@ app.add_typer(model_app, name="model")
 app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(eval_app, name="eval")
 
 console = Console(stderr=True)
 

@@ -1,0 +1,277 @@
+"""`rstar eval`: run a benchmark suite, list, show and compare runs.
+
+    rstar eval run --suite aime24,gpqa_diamond --endpoint http://127.0.0.1:8000/v1 --limit 5
+    rstar eval run --resume RUN_ID            # continue an interrupted run (its stored config applies)
+    rstar eval list | show RUN | compare RUN_A RUN_B
+
+Without --endpoint the model runs in this process (vLLM engine + sandbox pool), as `rstar serve` would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from rstar.config import load_settings
+
+app = typer.Typer(no_args_is_help=True, help="Benchmarks: AIME24/25, HMMT25, GPQA-Diamond, IFEval, BFCL v3.")
+console = Console(stderr=True)
+
+
+def _out() -> Console:
+    # Made per command, so the width follows the terminal (or COLUMNS) at the time.
+    return Console()
+
+PAPER_SUITE = "aime24,aime25,hmmt25,gpqa_diamond,ifeval,bfcl_v3"
+
+
+class RichProgress:
+    """One bar per benchmark: done/total, running mean score, elapsed and ETA."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.tasks: dict[str, Any] = {}
+        self.scores: dict[str, list[float]] = {}
+
+    def add_benchmark(self, benchmark: str, total: int, completed: int, score_sum: float) -> None:
+        self.scores[benchmark] = [score_sum, completed]
+        self.tasks[benchmark] = self.progress.add_task(benchmark, total=total, completed=completed, score=self._score(benchmark))
+
+    def advance(self, benchmark: str, score: float) -> None:
+        self.scores[benchmark][0] += score
+        self.scores[benchmark][1] += 1
+        self.progress.update(self.tasks[benchmark], advance=1, score=self._score(benchmark))
+
+    def _score(self, benchmark: str) -> str:
+        total, count = self.scores[benchmark]
+        return f"{100 * total / count:5.1f}%" if count else "  -  "
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description:<14}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("score {task.fields[score]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
+def resume_conflicts(config: dict, suite: list[str] | None, overrides: dict[str, Any], run_options: dict[str, Any]) -> list[str]:
+    """Flags given to `--resume` that contradict the stored run (a resume must repeat what was asked)."""
+    conflicts = []
+    if suite is not None and sorted(suite) != sorted(config["benchmarks"]):
+        conflicts.append(f"--suite {','.join(suite)} (run has {','.join(config['benchmarks'])})")
+    for key, value in overrides.items():
+        stored = {name: sampling[key] for name, sampling in config["benchmarks"].items()}
+        if value is not None and any(v != value for v in stored.values()):
+            conflicts.append(f"--{key.replace('_', '-')} {value} (run has {stored})")
+    for key, value in run_options.items():
+        if value is not None and config.get(key) != value:
+            conflicts.append(f"--{key.replace('_', '-')} {value} (run has {config.get(key)})")
+    return conflicts
+
+
+def _suite(text: str) -> list[str]:
+    from rstar.evals import get_benchmark
+
+    try:
+        return [get_benchmark(name.strip()).name for name in text.split(",") if name.strip()]
+    except KeyError as exc:
+        raise typer.BadParameter(exc.args[0], param_hint="--suite") from None
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]rstar eval:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+@app.command("run")
+def run_command(
+    suite: Annotated[Optional[str], typer.Option(help=f"Comma-separated benchmarks. [default: {PAPER_SUITE}]")] = None,
+    endpoint: Annotated[Optional[str], typer.Option(help="An OpenAI-compatible server (http://host:port/v1); none: run the model in this process.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="With --endpoint: the model name to send (default: the server's first); else the model to load. [env: RSTAR_MODEL]")] = None,
+    api_key: Annotated[Optional[str], typer.Option(help="Bearer token for --endpoint. [env: RSTAR_API_KEY]")] = None,
+    samples: Annotated[Optional[int], typer.Option(min=1, help="Samples per question (k). [default: per benchmark, 16 for math/GPQA]")] = None,
+    temperature: Annotated[Optional[float], typer.Option(min=0.0, help="[default: 0.6 math/GPQA, 0 IFEval/BFCL]")] = None,
+    top_p: Annotated[Optional[float], typer.Option(min=0.0, max=1.0, help="[default: 1.0]")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Tokens per answer, tool output included. [default: 30720 math/GPQA]")] = None,
+    max_turns: Annotated[Optional[int], typer.Option(min=1, help="Assistant turns per answer (BFCL multi-turn: steps per user turn). [default: 30]")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Samples in flight at once.")] = 16,
+    limit: Annotated[Optional[int], typer.Option(min=1, help="Only the first N questions of each benchmark (of each category for BFCL).")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Local benchmark data laid out like shared/data/; none: the Hugging Face sources.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Base of the per-sample seeds. [default: 0]")] = None,
+    tool_timeout: Annotated[Optional[float], typer.Option(help="Seconds one Python execution may run (server's default if unset).")] = None,
+    run_id: Annotated[Optional[str], typer.Option(help="Id for a new run, up to 32 characters (default: random).")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Continue this run: only missing samples are generated.")] = None,
+    database_url: Annotated[Optional[str], typer.Option(help="[env: RSTAR_DATABASE_URL]")] = None,
+) -> None:
+    """Generate, grade and store every sample; write reports to <data dir>/evals/<run id>/."""
+    from rstar.evals.runner import RunStore, plan
+    from rstar.server.db import open_database
+
+    settings = load_settings(model=model if endpoint is None else None, api_key=api_key, database_url=database_url)
+    store = RunStore(open_database(settings.resolved_database_url))
+    overrides = {"samples": samples, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "max_turns": max_turns}
+    run_options = {"limit": limit, "data_dir": str(data_dir.resolve()) if data_dir else None, "seed": seed, "tool_timeout": tool_timeout}
+    if resume:
+        run = store.get(resume)
+        if run is None:
+            raise _fail(f"no eval run {resume!r} in {settings.resolved_database_url}")
+        conflicts = resume_conflicts(run.config, _suite(suite) if suite else None, overrides, run_options)
+        if model and model != run.model:
+            conflicts.append(f"--model {model} (run has {run.model})")
+        if conflicts:
+            raise _fail(f"run {resume} was started differently; start a new run to change: {'; '.join(conflicts)}")
+        endpoint = endpoint or run.endpoint or None
+        config, model_name = run.config, run.model
+    else:
+        if run_id and len(run_id) > 32:
+            raise _fail(f"--run-id is at most 32 characters: {run_id!r}")
+        if run_id and store.get(run_id) is not None:
+            raise _fail(f"run {run_id!r} exists; continue it with --resume {run_id}")
+        config = {"benchmarks": plan(_suite(suite or PAPER_SUITE), overrides), **run_options, "seed": seed or 0}
+        model_name = model
+    asyncio.run(_run(store, settings, resume or run_id, config, model_name, endpoint, concurrency, resuming=bool(resume)))
+
+
+async def _run(store, settings, run_id: str | None, config: dict, model: str | None, endpoint: str | None, concurrency: int, resuming: bool) -> None:
+    from rstar.evals.client import FatalRequestError, HttpChatClient
+    from rstar.evals.report import write_run_reports
+    from rstar.evals.runner import execute
+
+    async def go(client, model_name: str):
+        run = store.get(run_id) if resuming else store.create(run_id, model_name, endpoint or "", list(config["benchmarks"]), config)
+        if resuming:
+            store.update(run.id, status="running")
+        console.print(f"eval run [bold]{run.id}[/bold] ({model_name}); resume with: rstar eval run --resume {run.id}", highlight=False)
+        try:
+            with _progress() as bars:
+                outcome = await execute(store, run, client, concurrency, RichProgress(bars))
+        except FatalRequestError as exc:
+            raise _fail(str(exc)) from None
+        finally:
+            run_dir = write_run_reports(store, run.id, settings.data_dir / "evals")
+        _print_summary(store.get(run.id))
+        console.print(f"stored {outcome.generated} new samples ({outcome.skipped} already stored, {outcome.failed} failed); reports in {run_dir}", highlight=False)
+        if outcome.failed:
+            raise typer.Exit(1)
+
+    if endpoint:
+        client = HttpChatClient(endpoint, settings.api_key or os.environ.get("OPENAI_API_KEY"))
+        try:
+            if model is None:
+                model = (await client.models())[0]["id"]
+            await go(client, model)
+        finally:
+            await client.close()
+        return
+
+    from rstar.evals.client import InProcessChatClient
+    from rstar.sandbox.clients import connect
+    from rstar.server.builtin_tools import SandboxExecutor
+    from rstar.server.engine import VllmEngine
+    from rstar.server.model_store import resolve_model
+
+    resolved = resolve_model(settings.model, settings.models_dir)
+    name = model or resolved.name
+    console.print(f"starting the engine on {resolved.path} (about a minute on CPU)", highlight=False)
+    engine = await VllmEngine.start(resolved.path, settings.engine, served_model_name=name)
+    try:
+        async with connect(settings.sandbox) as sandbox:
+            await go(InProcessChatClient(engine, SandboxExecutor(sandbox)), name)
+    finally:
+        await engine.shutdown()
+
+
+def _summary_table(run) -> Table:
+    from rstar.evals.report import score_text
+
+    table = Table(title=f"{run.id}  {run.model}  [{run.status}]")
+    for column in ("benchmark", "metric", "score ± s.e. (%)", "samples", "tokens", "turns", "tool calls"):
+        table.add_column(column, justify="left" if column in ("benchmark", "metric") else "right")
+    for name, entry in (run.summary or {}).items():
+        means = [f"{entry[key]:.1f}" if key in entry else "-" for key in ("mean_completion_tokens", "mean_num_turns", "mean_num_tool_calls")]
+        table.add_row(name, entry["primary_metric"], score_text(entry), f"{entry['samples']}/{entry['expected_samples']}", *means)
+    return table
+
+
+def _print_summary(run) -> None:
+    _out().print(_summary_table(run))
+
+
+def _store(database_url: str | None):
+    from rstar.evals.runner import RunStore
+    from rstar.server.db import open_database
+
+    return RunStore(open_database(load_settings(database_url=database_url).resolved_database_url))
+
+
+DatabaseOpt = Annotated[Optional[str], typer.Option(help="[env: RSTAR_DATABASE_URL]")]
+
+
+@app.command("list")
+def list_command(database_url: DatabaseOpt = None) -> None:
+    """Every run, newest first."""
+    table = Table()
+    for column in ("run", "created", "status", "model", "suite", "samples"):
+        table.add_column(column)
+    for run, count in _store(database_url).runs():
+        table.add_row(run.id, f"{run.created_at:%Y-%m-%d %H:%M}", run.status, run.model, ",".join(run.suite), str(count))
+    _out().print(table)
+
+
+@app.command("show")
+def show_command(run_id: str, database_url: DatabaseOpt = None) -> None:
+    """A run's scores, sampling and report directory."""
+    run = _store(database_url).get(run_id)
+    if run is None:
+        raise _fail(f"no eval run {run_id!r}")
+    _print_summary(run)
+    for name, sampling in run.config["benchmarks"].items():
+        _out().print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in sampling.items()), highlight=False)
+    _out().print(f"endpoint: {run.endpoint or 'in-process'}; limit: {run.config.get('limit')}; reports: {run.run_dir or '-'}", highlight=False)
+
+
+def difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float | None]:
+    """B - A and its z score (difference over the combined standard error; None without standard errors)."""
+    delta = b["score"] - a["score"]
+    if a.get("stderr") is None or b.get("stderr") is None:
+        return delta, None
+    combined = math.hypot(a["stderr"], b["stderr"])
+    return delta, (delta / combined if combined else None)
+
+
+@app.command("compare")
+def compare_command(run_a: str, run_b: str, database_url: DatabaseOpt = None) -> None:
+    """Scores of two runs side by side: B - A, and its z score (|z| > 2: unlikely to be noise)."""
+    from rstar.evals.report import score_text
+
+    store = _store(database_url)
+    runs = [store.get(run_a), store.get(run_b)]
+    for run_id, run in zip((run_a, run_b), runs):
+        if run is None:
+            raise _fail(f"no eval run {run_id!r}")
+    table = Table(title=f"A = {run_a} ({runs[0].model}), B = {run_b} ({runs[1].model})")
+    for column in ("benchmark", "metric", "A (%)", "B (%)", "B - A", "z"):
+        table.add_column(column, justify="left" if column in ("benchmark", "metric") else "right")
+    for name in dict.fromkeys([*runs[0].summary, *runs[1].summary]):
+        a, b = runs[0].summary.get(name, {}), runs[1].summary.get(name, {})
+        if "score" in a and "score" in b:
+            delta, z = difference(a, b)
+            cells = [f"{100 * delta:+.1f}", f"{z:+.2f}" if z is not None else "-"]
+        else:
+            cells = ["-", "-"]
+        table.add_row(name, (a or b).get("primary_metric", "-"), score_text(a), score_text(b), *cells)
+    _out().print(table)
