@@ -1,0 +1,43 @@
+"""The API app on a scripted engine and a scripted sandbox, driven by the official openai client over
+Starlette's TestClient: the fixture the unit-tier API tests share."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from rstar.config import load_settings
+from rstar.server.api import create_app
+from tests.scripted_engine import ScriptedEngine
+from tests.scripted_sandbox import ScriptedSandbox
+
+REPLY = "Two plus two is 4."
+
+
+@pytest.fixture
+def make_server(tmp_path, default_tokenizer):
+    """Start the app on a scripted engine and sandbox; yields (openai client, test client, engine, settings).
+
+    The sandbox is `http.app.state.serving.sandbox`."""
+    opened = []
+
+    def start(replies=(REPLY,), sandbox=None, max_model_len=1024, **settings_overrides):
+        settings = load_settings(data_dir=tmp_path, **settings_overrides)
+        engine = ScriptedEngine(default_tokenizer, list(replies), max_model_len=max_model_len)
+        sandbox = sandbox or ScriptedSandbox()
+
+        async def factory():
+            return engine
+
+        http = TestClient(create_app(settings, factory, "scripted", sandbox_factory=lambda: sandbox))
+        http.__enter__()
+        opened.append(http)
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key=settings.api_key or "none", http_client=http, max_retries=0)
+        return client, http, engine, settings
+
+    yield start
+    for http in opened:
+        http.__exit__(None, None, None)
+
+
