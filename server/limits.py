@@ -108,6 +108,8 @@ async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:
         watcher.cancel()
         if not task.done():
             task.cancel()
+            # Let its clean-up (engine aborts, sandbox cancellations) finish before answering.
+            await asyncio.gather(task, return_exceptions=True)
     if task.cancelled():
         raise ClientDisconnected()
     return task.result()
