@@ -375,3 +375,54 @@ def test_a_call_whose_name_is_not_a_string_is_answered_not_raised(default_tokeni
     trajectory = run(ScriptedEngine(default_tokenizer, turns), ScriptedExecutor(), rstar_template(default_tokenizer), config)
     assert trajectory.tool_calls[0].response == "Error when executing tool: ['python']"
     assert trajectory.stop_reason == "stop"
+
+
+def test_a_continued_final_message_runs_its_call_first_token_exactly(template, default_tokenizer):
+    given = {"role": "assistant", "content": template.generation_prefix + "Let me count.\n" + call("print(4 * 2 * 2)")}
+    answer = "There are 16.</reason>\n<answer>\\boxed{16}</answer>"
+    engine = ScriptedEngine(default_tokenizer, [answer])
+    messages = [*QUESTION, given]
+    trajectory = asyncio.run(run_trajectory(engine, template, messages, TOOLS, SAMPLING, ScriptedExecutor(OUTPUTS), continue_final_message=True))
+    assert [(c.turn, c.stdout) for c in trajectory.tool_calls] == [(-1, "16\n")]
+    assert trajectory.stop_reason == "stop" and len(trajectory.turns) == 1
+    conversation = [*messages, {"role": "tool", "content": trajectory.tool_calls[0].response}, {"role": "assistant", "content": template.generation_prefix + answer}]
+    rendered = template.render(conversation, TOOLS, add_generation_prompt=False)
+    stream = default_tokenizer.decode(trajectory.prompt_ids + trajectory.response_ids, skip_special_tokens=False)
+    assert rendered == stream + "\n"
+    # The given message's tokens are prompt; the tool turn is mask 0, the answer mask 1.
+    first_sampled = trajectory.response_mask.index(1)
+    assert set(trajectory.response_mask[:first_sampled]) == {0} and set(trajectory.response_mask[first_sampled:]) == {1}
+
+
+def test_a_continued_partial_message_is_extended_and_its_call_parsed_whole(default_tokenizer):
+    template = choose_template(default_tokenizer, "SmolLM2-135M-Instruct")
+    start = call("print(4 * 2 * 2)")[:30]
+    engine = ScriptedEngine(default_tokenizer, [call("print(4 * 2 * 2)")[30:], "16."])
+    messages = [*QUESTION, {"role": "assistant", "content": start}]
+    events = asyncio.run(_collect(run_agent(engine, template, messages, TOOLS, SAMPLING, ScriptedExecutor(OUTPUTS), continue_final_message=True)))
+    assert default_tokenizer.decode(engine.requests[0][0]).endswith(start)
+    trajectory = events[-1].trajectory
+    assert [(c.turn, c.stdout) for c in trajectory.tool_calls] == [(0, "16\n")]
+    # The call's start was given: its name still reaches the client, its text does not come back.
+    assert [e.name for e in events if isinstance(e, ToolCallStarted)] == [PYTHON_TOOL]
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "16."
+
+
+def test_a_switched_off_builtin_is_answered_as_unknown(default_tokenizer):
+    engine = ScriptedEngine(default_tokenizer, [call("print(1)"), "ok"])
+    executor = ScriptedExecutor()
+    config = LoopConfig(builtin_tools=frozenset({JUPYTER_TOOL}))
+    trajectory = run(engine, executor, rstar_template(default_tokenizer), config)
+    assert executor.calls == []
+    assert trajectory.tool_calls[0].response == f"Error when executing tool: '{PYTHON_TOOL}'"
+    assert trajectory.tool_calls[0].exec_status is None
+
+
+def test_without_any_tools_the_first_turn_is_the_answer(default_tokenizer):
+    engine = ScriptedEngine(default_tokenizer, [call("print(1)")])
+    trajectory = run(engine, ScriptedExecutor(), rstar_template(default_tokenizer), LoopConfig(builtin_tools=frozenset()), tools=[])
+    assert trajectory.stop_reason == "stop" and trajectory.tool_calls == [] and len(engine.requests) == 1
+
+
+async def _collect(events):
+    return [event async for event in events]
