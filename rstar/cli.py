@@ -16,6 +16,7 @@ from rich.console import Console
 from rstar.config import Settings, load_settings
 from rstar.evals.cli import app as eval_app
 from rstar.sandbox.cli import app as sandbox_app
+from rstar.ui.cli import app as ui_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Serve, evaluate and train tool-using reasoning models (rStar2-Agent).")
 model_app = typer.Typer(no_args_is_help=True, help="Model weights: pull the embedded default, check a model id.")
@@ -26,6 +27,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(eval_app, name="eval")
+app.add_typer(ui_app, name="ui")
 
 console = Console(stderr=True)
 
@@ -89,12 +91,13 @@ def serve(
     served_model_name: Annotated[Optional[str], typer.Option(help="Model name clients send. [env: RSTAR_SERVED_MODEL_NAME]")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="Context window. [env: RSTAR_ENGINE__MAX_MODEL_LEN]")] = None,
 ) -> None:
-    """Start the OpenAI-compatible API on one engine (pulls the embedded default model if needed)."""
+    """Start the OpenAI-compatible API on one engine, with the web UI at /ui (pulls the embedded default model if needed)."""
     import uvicorn
 
     from rstar.server.api import create_app
     from rstar.server.engine import VllmEngine, require_vllm
     from rstar.server.model_store import resolve_model
+    from rstar.ui.app import UI_PATH, mount_ui
 
     engine_overrides = {"max_model_len": max_model_len} if max_model_len else None
     settings = load_settings(model=model, host=host, port=port, api_key=api_key, served_model_name=served_model_name, engine=engine_overrides)
@@ -109,8 +112,13 @@ def serve(
     async def start_engine():
         return await VllmEngine.start(resolved.path, settings.engine, served_model_name=name)
 
+    api = create_app(settings, start_engine, name)
+    # The UI talks to this same server over HTTP, as it would to a remote one; a wildcard bind is reached on loopback.
+    loopback = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(settings.host, f"[{settings.host}]" if ":" in settings.host else settings.host)
+    mount_ui(api, f"http://{loopback}:{settings.port}", settings.api_key)
     console.print(f"starting the engine on {resolved.path} (about a minute on CPU); API at http://{settings.host}:{settings.port}/v1", highlight=False)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, start_engine, name), log_level="info"))
+    console.print(f"UI at http://{settings.host}:{settings.port}{UI_PATH} once the engine is up", highlight=False)
+    server = uvicorn.Server(uvicorn.Config(api, log_level="info"))
     server.run(sockets=[sock])
 
 

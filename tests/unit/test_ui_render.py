@@ -1,0 +1,130 @@
+"""The UI's pure rendering: code cells, streamed turns, stored conversations, eval trajectories, score tables."""
+
+from __future__ import annotations
+
+from rstar.ui.render import (
+    AssistantTurn,
+    cell_markdown,
+    conversation_messages,
+    fence,
+    output_block,
+    sample_messages,
+    scores_table,
+    trajectory_turn,
+    turn_messages,
+)
+from tests.eval_run_data import SUMMARY, TRAJECTORY
+
+RUNNING = {"index": 0, "name": "python_code_with_standard_io", "code": "print(6*7)", "status": "running", "stdout": "", "stderr": "", "duration_s": None}
+DONE = {**RUNNING, "status": "ok", "stdout": "42\n", "duration_s": 0.031}
+
+
+def test_a_running_cell_shows_its_code_and_no_output_yet():
+    text = cell_markdown(RUNNING)
+    assert "Python cell 1 · running…" in text
+    assert "```python\nprint(6*7)\n```" in text
+    assert "stdout" not in text and "no output" not in text and " s**" not in text
+
+
+def test_a_finished_cell_shows_status_timing_and_outputs():
+    text = cell_markdown({**DONE, "stderr": "warning: x"})
+    assert "Python cell 1 · ✓ ok · 0.03 s" in text
+    assert "*stdout*\n\n```\n42\n```" in text and "*stderr*\n\n```\nwarning: x\n```" in text
+    assert "✗ timed out" in cell_markdown({**DONE, "status": "timeout", "stdout": ""})
+    assert "*no output*" in cell_markdown({**DONE, "stdout": ""})
+
+
+def test_fences_outlast_backticks_inside():
+    assert fence("a ``` b", "python") == "````python\na ``` b\n````"
+
+
+def test_long_output_shows_a_head_and_the_rest_behind_a_toggle():
+    text = "\n".join(str(i) for i in range(100))
+    block = output_block(text, max_lines=5)
+    head, _, hidden = block.partition("<details>")
+    assert "0\n1\n2\n3\n4\n```" in head and "\n5\n" not in head
+    assert "<summary>Show all 100 lines" in hidden and "\n99\n" in hidden
+    assert output_block("short") == "```\nshort\n```"
+    assert "<details>" in output_block("x" * 5000)  # one very long line is cut too
+
+
+def test_a_streamed_turn_keeps_arrival_order_and_the_cell_update_replaces_the_start():
+    turn = AssistantTurn()
+    turn.add_reasoning("Let me ")
+    turn.add_reasoning("compute.")
+    turn.update_cell(RUNNING)
+    turn.update_cell(DONE)
+    turn.add_reasoning("It printed 42.")
+    turn.add_content("The answer is ")
+    turn.add_content("$42$.")
+    assert [kind for kind, _ in turn.segments] == ["reasoning", "cell", "reasoning", "answer"]
+    assert turn.segments[1][1]["status"] == "ok" and turn.content == "The answer is $42$."
+    assert turn.reasoning == "Let me compute.It printed 42."
+    messages = turn_messages(turn)
+    assert messages[0] == {"role": "assistant", "content": "Let me compute.", "metadata": {"title": "Reasoning", "status": "done"}}
+    assert "✓ ok" in messages[1]["content"] and "metadata" not in messages[1]
+    assert messages[-1] == {"role": "assistant", "content": "The answer is $42$."}
+
+
+def test_while_streaming_the_last_reasoning_block_is_pending_and_an_empty_turn_shows_progress():
+    turn = AssistantTurn()
+    assert turn_messages(turn, streaming=True) == [{"role": "assistant", "content": "…"}]
+    turn.add_reasoning("thinking")
+    assert turn_messages(turn, streaming=True)[0]["metadata"]["status"] == "pending"
+    assert turn_messages(turn)[0]["metadata"]["status"] == "done"
+
+
+def test_raw_tool_calls_in_text_are_left_to_the_cell_and_errors_and_cuts_are_said():
+    turn = AssistantTurn(error="Cannot reach the server")
+    turn.add_reasoning('Run it. <tool_call>{"name": "python_code_with_standard_io"}</tool_call>')
+    turn.finish_reason = "length"
+    messages = turn_messages(turn)
+    assert messages[0]["content"] == "Run it."
+    assert "max-tokens" in messages[1]["content"] and messages[2]["content"] == "⚠ Cannot reach the server"
+
+
+def test_a_stored_conversation_renders_reasoning_cells_then_the_answer():
+    stored = [
+        {"role": "user", "content": "6*7?"},
+        {"role": "assistant", "content": "42", "reasoning_content": "use python", "code_cells": [DONE]},
+    ]
+    shown = conversation_messages(stored)
+    assert [m.get("metadata", {}).get("title") for m in shown] == [None, "Reasoning", None, None]
+    assert shown[0] == {"role": "user", "content": "6*7?"} and "print(6*7)" in shown[2]["content"] and shown[3]["content"] == "42"
+
+
+def test_a_trajectory_becomes_reasoning_cell_reasoning_answer():
+    turn = trajectory_turn(TRAJECTORY)
+    kinds = [kind for kind, _ in turn.segments]
+    assert kinds == ["reasoning", "cell", "reasoning", "answer"]
+    assert turn.segments[0][1].startswith("I will add") and "<reason>" not in turn.reasoning
+    cell = turn.segments[1][1]
+    assert cell["status"] == "ok" and cell["stdout"] == "1170\n" and "360 % d" in cell["code"] and cell["duration_s"] == 0.021
+    assert turn.content.strip() == "The answer is $\\boxed{1170}$."
+
+
+def test_failed_and_undecodable_calls_get_their_status():
+    failed = {**TRAJECTORY["tool_calls"][0], "success": False, "exec_reason": "timeout", "stdout": ""}
+    undecodable = {**TRAJECTORY["tool_calls"][0], "success": None, "arguments": None, "stdout": None, "stderr": None, "decode_error": "bad JSON"}
+    turn = trajectory_turn({**TRAJECTORY, "tool_calls": [failed]})
+    assert turn.segments[1][1]["status"] == "timeout"
+    turn = trajectory_turn({**TRAJECTORY, "tool_calls": [undecodable]})
+    assert turn.segments[1][1]["status"] == "invalid_input" and turn.segments[1][1]["stderr"] == "bad JSON"
+
+
+def test_sample_drill_down_shows_prompt_trajectory_and_grade():
+    sample = {"score": 1.0, "grade": {"extracted": "1170"}, "request": {"messages": [{"role": "user", "content": "Q?"}]}, "trajectory": TRAJECTORY, "response": "x"}
+    shown = sample_messages(sample)
+    assert shown[0] == {"role": "user", "content": "Q?"}
+    assert any("Python cell 1" in m["content"] for m in shown)
+    assert shown[-1]["content"].startswith("**Grade: ✓ correct**") and '"extracted": "1170"' in shown[-1]["content"]
+    wrong = sample_messages({**sample, "score": 0.0, "trajectory": None, "response": "The answer is 12."})
+    assert wrong[1]["content"] == "The answer is 12." and "✗ wrong" in wrong[-1]["content"]
+
+
+def test_scores_table_unions_metrics_across_benchmarks():
+    headers, rows = scores_table({**SUMMARY, "gpqa": {"avg_pass_at_1": 0.25, "stderr": 0.1}, "ifeval": 0.7})
+    assert headers == ["benchmark", "avg_pass_at_1", "pass_at_k", "docs", "samples_per_doc", "stderr", "score"]
+    assert rows[0] == ["aime24", "0.5000", "1.0000", "2", "1", "", ""]
+    assert rows[1] == ["gpqa", "0.2500", "", "", "", "0.1000", ""]
+    assert rows[2][-1] == "0.7000"

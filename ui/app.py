@@ -1,0 +1,55 @@
+"""The Gradio app: a Chat tab and an Evaluations tab over one API endpoint, served alone or mounted on the API."""
+
+from __future__ import annotations
+
+import gradio as gr
+from fastapi import FastAPI
+
+from rstar.ui.chat import build_chat_tab
+from rstar.ui.client import ApiClient, ApiError
+from rstar.ui.evals import build_evals_tab
+
+UI_PATH = "/ui"
+
+# System fonts only: Gradio's default theme fetches Google Fonts, which offline deployments cannot reach
+# (the page would wait on them).
+THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
+
+CSS = """
+#chat-notice p, #evals-notice p { color: #b45309; font-weight: 600; }
+"""
+
+
+async def server_status(client: ApiClient) -> str:
+    """One line about the server the page talks to, or what is wrong with it."""
+    try:
+        health = await client.health()
+    except ApiError as exc:
+        return f"⚠ {exc}"
+    parts = [f"Connected to `{client.base_url}`", f"model `{health.get('model', '?')}`"]
+    sandbox = health.get("sandbox")
+    if isinstance(sandbox, dict) and sandbox.get("status") not in (None, "ok"):
+        parts.append(f"⚠ sandbox: {sandbox.get('status')}")
+    return " · ".join(parts)
+
+
+def build_ui(endpoint: str, api_key: str | None = None) -> gr.Blocks:
+    client = ApiClient(endpoint, api_key)
+    with gr.Blocks(title="rStar2-Agent", analytics_enabled=False) as demo:
+        gr.Markdown("## rStar2-Agent: a reasoning model that writes and runs Python")
+        status = gr.Markdown(elem_id="server-status")
+        with gr.Tab("Chat", elem_id="tab-chat"):
+            build_chat_tab(client, demo)
+        with gr.Tab("Evaluations", elem_id="tab-evals"):
+            build_evals_tab(client, demo)
+
+        async def load_status():
+            return await server_status(client)
+
+        demo.load(load_status, None, status)
+    return demo
+
+
+def mount_ui(app: FastAPI, endpoint: str, api_key: str | None = None, path: str = UI_PATH) -> FastAPI:
+    """Serve the UI at `path` on an existing FastAPI app (the API's own, for `rstar serve`)."""
+    return gr.mount_gradio_app(app, build_ui(endpoint, api_key), path=path, theme=THEME, css=CSS)

@@ -1,0 +1,208 @@
+"""The Chat tab: stream answers with their reasoning and code cells, stop them, keep and reload conversations.
+
+The tab's state is one dict: the stored conversation's id (None until the server stores the first
+exchange), the full messages (with reasoning and cells, for export) and the rendered chat so far.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from typing import Any
+
+import gradio as gr
+
+from rstar.ui.client import ApiClient, ApiError
+from rstar.ui.render import AssistantTurn, conversation_messages, turn_messages
+
+log = logging.getLogger("rstar.ui")
+
+EXAMPLES = [
+    "What is the sum of all positive divisors of 360?",
+    "How many positive integers less than 1000 are divisible by 7 but not by 11?",
+    "Find the remainder when $2^{100}$ is divided by 13.",
+    "Solve for real $x$: $x^3 - 6x^2 + 11x - 6 = 0$.",
+]
+
+# Inline $...$ as well as display math: the model writes both (Gradio's default only knows $$...$$).
+LATEX_DELIMITERS = [
+    {"left": "$$", "right": "$$", "display": True},
+    {"left": "\\[", "right": "\\]", "display": True},
+    {"left": "$", "right": "$", "display": False},
+    {"left": "\\(", "right": "\\)", "display": False},
+]
+
+
+def new_state() -> dict[str, Any]:
+    return {"conversation_id": None, "messages": [], "display": []}
+
+
+def notice(message: str) -> str:
+    return f"⚠ {message}" if message else ""
+
+
+def request_payload(state: dict[str, Any], text: str, model: str, temperature: float, max_tokens: int, max_turns: int, tools: bool, system: str) -> dict[str, Any]:
+    """The /v1/chat/completions body for the next user message; the history goes as role + content only."""
+    messages = [{"role": "system", "content": system}] if system and system.strip() else []
+    messages += [{"role": m["role"], "content": m.get("content") or ""} for m in state["messages"] if m["role"] in ("user", "assistant")]
+    messages.append({"role": "user", "content": text})
+    payload = {
+        "model": model or "default",
+        "messages": messages,
+        "temperature": float(temperature),
+        "max_tokens": int(max_tokens),
+        "max_turns": int(max_turns),
+        "builtin_tools": bool(tools),
+    }
+    if state["conversation_id"]:
+        payload["conversation_id"] = state["conversation_id"]
+    return payload
+
+
+def _assistant_message(turn: AssistantTurn) -> dict[str, Any]:
+    cells = [value for kind, value in turn.segments if kind == "cell"]
+    return {"role": "assistant", "content": turn.content, "reasoning_content": turn.reasoning, "code_cells": cells}
+
+
+def conversation_choices(conversations: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(f"{(c.get('title') or '(untitled)')[:60]} · {str(c.get('created_at', ''))[:16].replace('T', ' ')}", c["id"]) for c in conversations]
+
+
+def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
+    """Lay out the tab inside the current Blocks context and wire its events (and `demo`'s page load)."""
+    state = gr.State(new_state())
+    with gr.Row():
+        with gr.Column(scale=1, min_width=260):
+            new_chat = gr.Button("+ New chat", elem_id="new-chat")
+            conversations = gr.Dropdown(label="Stored conversations", choices=[], value=None, interactive=True, elem_id="conversations")
+            with gr.Row():
+                refresh = gr.Button("↻ Refresh", size="sm", elem_id="refresh-conversations")
+                open_button = gr.Button("Open", size="sm", elem_id="open-conversation")
+                delete = gr.Button("Delete", size="sm", variant="stop", elem_id="delete-conversation")
+            export = gr.Button("Export as JSON", size="sm", elem_id="export-conversation")
+            export_file = gr.File(label="Exported conversation", visible=False, elem_id="export-file")
+        with gr.Column(scale=4):
+            alert = gr.Markdown(elem_id="chat-notice")
+            chatbot = gr.Chatbot(
+                label="rStar2-Agent",
+                elem_id="chatbot",
+                height=620,
+                latex_delimiters=LATEX_DELIMITERS,
+                buttons=["copy", "copy_all"],
+                feedback_options=None,
+                layout="panel",
+                placeholder="Ask a math question: the model reasons, writes Python, runs it in the sandbox and answers.",
+            )
+            with gr.Row():
+                box = gr.Textbox(show_label=False, placeholder="Your message (Enter to send)", scale=8, elem_id="chat-input", autofocus=True)
+                send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
+                stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
+            gr.Examples(EXAMPLES, inputs=box, label="Examples")
+            with gr.Accordion("Settings", open=False, elem_id="chat-settings"):
+                with gr.Row():
+                    model = gr.Dropdown(label="Model", choices=[], value=None, allow_custom_value=True, elem_id="model")
+                    temperature = gr.Slider(0.0, 2.0, value=0.6, step=0.05, label="Temperature")
+                    max_tokens = gr.Number(value=1024, minimum=1, precision=0, label="Max tokens")
+                    max_turns = gr.Number(value=10, minimum=1, precision=0, label="Max turns")
+                    tools = gr.Checkbox(value=True, label="Python tool", elem_id="tools")
+                system = gr.Textbox(label="System prompt", lines=2, placeholder="(the server's default)")
+
+    async def respond(text, state, model, temperature, max_tokens, max_turns, tools, system):
+        if not text.strip():
+            yield gr.skip(), state, gr.skip(), ""
+            return
+        payload = request_payload(state, text, model, temperature, max_tokens, max_turns, tools, system)
+        user = {"role": "user", "content": text}
+        shown = [*state["display"], user]
+        turn = AssistantTurn()
+        # Each yield carries the state as it stands, so a stop keeps the partial answer in the history.
+        progress = {**state, "messages": [*state["messages"], user], "display": shown}
+        yield shown + turn_messages(turn, streaming=True), progress, "", ""
+        try:
+            async for event in client.stream_chat(payload):
+                if event.kind == "started":
+                    progress["conversation_id"] = event.value or progress["conversation_id"]
+                    continue
+                if event.kind == "reasoning":
+                    turn.add_reasoning(event.value)
+                elif event.kind == "content":
+                    turn.add_content(event.value)
+                elif event.kind == "cell":
+                    turn.update_cell(event.value)
+                elif event.kind == "finished":
+                    turn.finish_reason = event.value
+                progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": shown + turn_messages(turn)}
+                yield shown + turn_messages(turn, streaming=True), progress, gr.skip(), ""
+        except ApiError as exc:
+            turn.error = str(exc)
+        except Exception as exc:  # the page gets one line; the log keeps the traceback
+            log.exception("chat stream failed")
+            turn.error = f"Unexpected error: {type(exc).__name__}: {exc}"
+        progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": shown + turn_messages(turn)}
+        yield progress["display"], progress, gr.skip(), ""
+
+    async def list_conversations(selected):
+        try:
+            choices = conversation_choices(await client.conversations())
+        except ApiError as exc:
+            return gr.update(), notice(str(exc))
+        ids = [value for _, value in choices]
+        return gr.update(choices=choices, value=selected if selected in ids else None), ""
+
+    async def open_conversation(conversation_id):
+        if not conversation_id:
+            return gr.skip(), gr.skip(), notice("Choose a stored conversation first.")
+        try:
+            stored = await client.conversation(conversation_id)
+        except ApiError as exc:
+            return gr.skip(), gr.skip(), notice(str(exc))
+        messages = [m for m in stored["messages"] if m["role"] != "system"]
+        display = conversation_messages(messages)
+        return display, {"conversation_id": stored["id"], "messages": messages, "display": display}, ""
+
+    async def delete_conversation(conversation_id, state):
+        if not conversation_id:
+            return gr.skip(), gr.skip(), gr.skip(), notice("Choose a stored conversation first.")
+        try:
+            await client.delete_conversation(conversation_id)
+            choices = conversation_choices(await client.conversations())
+        except ApiError as exc:
+            return gr.skip(), gr.skip(), gr.skip(), notice(str(exc))
+        if state["conversation_id"] == conversation_id:  # the open chat no longer exists on the server
+            state = new_state()
+        return gr.update(choices=choices, value=None), state["display"], state, ""
+
+    def export_conversation(state, model):
+        if not state["messages"]:
+            return gr.update(visible=False), notice("Nothing to export yet.")
+        record = {"conversation_id": state["conversation_id"], "model": model, "messages": state["messages"]}
+        name = state["conversation_id"] or "conversation"
+        with tempfile.NamedTemporaryFile("w", prefix=f"rstar-{name}-", suffix=".json", delete=False, encoding="utf-8") as out:
+            json.dump(record, out, indent=2, ensure_ascii=False)
+        return gr.update(value=out.name, visible=True), ""
+
+    settings = [model, temperature, max_tokens, max_turns, tools, system]
+    outputs = [chatbot, state, box, alert]
+    submitted = box.submit(respond, [box, state, *settings], outputs)
+    clicked = send.click(respond, [box, state, *settings], outputs)
+    for event in (submitted, clicked):
+        event.then(list_conversations, conversations, [conversations, alert])
+    # Cancelling the handler's task closes its HTTP stream, and the server aborts the generation.
+    stop.click(None, None, None, cancels=[submitted, clicked])
+    new_chat.click(lambda: ([], new_state(), None, ""), None, [chatbot, state, conversations, alert])
+    refresh.click(list_conversations, conversations, [conversations, alert])
+    open_button.click(open_conversation, conversations, [chatbot, state, alert])
+    delete.click(delete_conversation, [conversations, state], [conversations, chatbot, state, alert])
+    export.click(export_conversation, [state, model], [export_file, alert])
+
+    async def on_load(selected):
+        """Fill the model list and the stored conversations; say so on the page if the server is not there."""
+        try:
+            names = await client.models()
+            choices = conversation_choices(await client.conversations())
+        except ApiError as exc:
+            return gr.update(), gr.update(), notice(str(exc))
+        return gr.update(choices=names, value=names[0] if names else None), gr.update(choices=choices, value=None), ""
+
+    demo.load(on_load, conversations, [model, conversations, alert])

@@ -1,0 +1,249 @@
+"""Pure rendering: code cells, assistant turns, trajectories and score tables as Markdown / chat messages.
+
+No Gradio and no HTTP here, so every shape the page shows is unit-tested on plain data. Chat messages are
+the dicts `gr.Chatbot` takes: a message with `metadata.title` renders as a collapsible block (used for the
+reasoning); code cells and answers are plain messages so they stay in view.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# Cell statuses the server sends (`delta.code_cell.status`) and how the page names them.
+# Symbols every common font has (no emoji), so a page on a bare server looks the same as on a laptop.
+STATUS_LABELS = {
+    "running": "running…",
+    "ok": "✓ ok",
+    "error": "✗ error",
+    "timeout": "✗ timed out",
+    "memory": "✗ memory limit",
+    "output_limit": "✗ output limit",
+    "queue_timeout": "⚠ sandbox busy",
+    "invalid_input": "⚠ invalid call",
+    "internal_error": "⚠ sandbox failure",
+}
+
+# Beyond these an output block shows its head and hides the rest behind a "show all" toggle, so one
+# runaway print cannot push the conversation off the screen.
+MAX_LINES = 20
+MAX_CHARS = 2000
+
+# Stored/streamed text may still carry the raw call the model wrote; the cell shows it instead.
+_TOOL_CALL = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.DOTALL)
+
+
+def fence(text: str, lang: str = "") -> str:
+    """A fenced code block that survives backticks inside `text` (the fence is longer than any run in it)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return f"{ticks}{lang}\n{text.rstrip(chr(10))}\n{ticks}"
+
+
+def output_block(text: str, max_lines: int = MAX_LINES, max_chars: int = MAX_CHARS) -> str:
+    """Output as a fenced block; a long one shows its head, with the whole text in a collapsed <details>."""
+    lines = text.splitlines()
+    if len(lines) <= max_lines and len(text) <= max_chars:
+        return fence(text)
+    head = "\n".join(lines[:max_lines])[:max_chars]
+    return (
+        f"{fence(head)}\n\n<details><summary>Show all {len(lines)} lines ({len(text)} characters)</summary>\n\n"
+        f"{fence(text)}\n\n</details>"
+    )
+
+
+def cell_title(cell: dict[str, Any]) -> str:
+    status = cell.get("status") or "running"
+    parts = [f"Python cell {int(cell.get('index', 0)) + 1}", STATUS_LABELS.get(status, status)]
+    if cell.get("duration_s") is not None and status != "running":
+        parts.append(f"{cell['duration_s']:.2f} s")
+    return " · ".join(parts)
+
+
+def cell_markdown(cell: dict[str, Any]) -> str:
+    """A code cell: title line, highlighted code, then stdout/stderr once it has them."""
+    blocks = [f"**{cell_title(cell)}**", fence(cell.get("code") or "", "python")]
+    for stream in ("stdout", "stderr"):
+        if cell.get(stream):
+            blocks.append(f"*{stream}*\n\n{output_block(cell[stream])}")
+    if cell.get("status") not in (None, "running") and not cell.get("stdout") and not cell.get("stderr"):
+        blocks.append("*no output*")
+    return "\n\n".join(blocks)
+
+
+def strip_tool_calls(text: str) -> str:
+    return _TOOL_CALL.sub("", text)
+
+
+@dataclass
+class AssistantTurn:
+    """One assistant answer as it streams in: reasoning, code cells and the answer, in arrival order."""
+
+    segments: list[list[Any]] = field(default_factory=list)  # ["reasoning"|"answer", text] or ["cell", dict]
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def _append_text(self, kind: str, text: str) -> None:
+        if not text:
+            return
+        if self.segments and self.segments[-1][0] == kind:
+            self.segments[-1][1] += text
+        else:
+            self.segments.append([kind, text])
+
+    def add_reasoning(self, text: str) -> None:
+        self._append_text("reasoning", text)
+
+    def add_content(self, text: str) -> None:
+        self._append_text("answer", text)
+
+    def update_cell(self, cell: dict[str, Any]) -> None:
+        """A cell arrives once when it starts and again when it ends; the second replaces the first."""
+        for segment in self.segments:
+            if segment[0] == "cell" and segment[1].get("index") == cell.get("index"):
+                segment[1] = {**segment[1], **cell}
+                return
+        self.segments.append(["cell", dict(cell)])
+
+    @property
+    def content(self) -> str:
+        return "".join(text for kind, text in self.segments if kind == "answer")
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(text for kind, text in self.segments if kind == "reasoning")
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> "AssistantTurn":
+        """A stored assistant message (content, reasoning_content, code_cells): the order inside is lost, so
+        reasoning comes first, then the cells, then the answer."""
+        turn = cls()
+        turn.add_reasoning(message.get("reasoning_content") or "")
+        for cell in message.get("code_cells") or []:
+            turn.update_cell(cell)
+        turn.add_content(message.get("content") or "")
+        return turn
+
+
+def turn_messages(turn: AssistantTurn, streaming: bool = False) -> list[dict[str, Any]]:
+    """Chat messages for one assistant turn. While streaming, the last reasoning block shows as in progress."""
+    messages = []
+    for position, (kind, value) in enumerate(turn.segments):
+        if kind == "cell":
+            messages.append({"role": "assistant", "content": cell_markdown(value)})
+            continue
+        text = strip_tool_calls(value).strip()
+        if not text:
+            continue
+        if kind == "reasoning":
+            live = streaming and position == len(turn.segments) - 1
+            messages.append({"role": "assistant", "content": text, "metadata": {"title": "Reasoning", "status": "pending" if live else "done"}})
+        else:
+            messages.append({"role": "assistant", "content": text})
+    if turn.finish_reason == "length":
+        messages.append({"role": "assistant", "content": "*(cut off: the max-tokens limit was reached)*"})
+    if turn.error:
+        messages.append({"role": "assistant", "content": f"⚠ {turn.error}"})
+    if streaming and not messages:
+        messages.append({"role": "assistant", "content": "…"})
+    return messages
+
+
+def conversation_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A stored conversation's messages as chat messages (system prompts are settings, not chat)."""
+    shown = []
+    for message in messages:
+        if message["role"] == "user":
+            shown.append({"role": "user", "content": message.get("content") or ""})
+        elif message["role"] == "assistant":
+            shown += turn_messages(AssistantTurn.from_message(message))
+    return shown
+
+
+# -- evaluations ------------------------------------------------------------------------------------
+
+
+def record_cell(call: dict[str, Any]) -> dict[str, Any]:
+    """A trajectory's ToolCallRecord in the server's code-cell shape."""
+    arguments = call.get("arguments") if isinstance(call.get("arguments"), dict) else {}
+    if call.get("success"):
+        status = "ok"
+    elif call.get("success") is None:  # nothing ran: the call could not be decoded or named no runnable tool
+        status = "invalid_input"
+    else:
+        status = call.get("exec_reason") if call.get("exec_reason") in STATUS_LABELS else "error"
+    stderr = call.get("stderr") or ("" if call.get("success") is not None else call.get("decode_error") or call.get("response") or "")
+    return {
+        "index": call.get("index", 0),
+        "name": call.get("name"),
+        "code": arguments.get("code") or call.get("raw") or "",
+        "status": status,
+        "stdout": call.get("stdout") or "",
+        "stderr": stderr,
+        "duration_s": call.get("exec_duration_s"),
+    }
+
+
+def trajectory_turn(trajectory: dict[str, Any]) -> AssistantTurn:
+    """A stored trajectory as one assistant turn: each sampled turn's text, then the cells it called."""
+    turn = AssistantTurn()
+    calls = trajectory.get("tool_calls") or []
+    turns = trajectory.get("turns") or []
+    for number, sampled in enumerate(turns):
+        text = sampled.get("text") or ""
+        if number == len(turns) - 1 and "</reason>" in text:
+            # The last turn closes its reasoning and then answers.
+            reasoning, _, answer = text.partition("</reason>")
+            turn.add_reasoning(reasoning.replace("<reason>", ""))
+            turn.add_content(answer)
+        else:
+            turn.add_reasoning(text.replace("<reason>", ""))
+        for call in calls:
+            if call.get("turn") == number:
+                turn.update_cell(record_cell(call))
+    turn.finish_reason = trajectory.get("stop_reason")
+    return turn
+
+
+def sample_messages(sample: dict[str, Any]) -> list[dict[str, Any]]:
+    """An eval sample's drill-down: the prompt, the full trajectory (or the response when none was kept),
+    and the grade."""
+    shown = []
+    for message in (sample.get("request") or {}).get("messages") or []:
+        if message.get("role") == "user":
+            shown.append({"role": "user", "content": message.get("content") or ""})
+    if sample.get("trajectory"):
+        shown += turn_messages(trajectory_turn(sample["trajectory"]))
+    elif sample.get("response") is not None:
+        response = sample["response"]
+        shown.append({"role": "assistant", "content": response if isinstance(response, str) else fence(json.dumps(response, indent=2), "json")})
+    verdict = "✓ correct" if sample.get("score", 0) >= 1 else ("✗ wrong" if sample.get("score", 0) <= 0 else f"score {sample['score']:.2f}")
+    grade = fence(json.dumps(sample.get("grade") or {}, indent=2, ensure_ascii=False), "json")
+    shown.append({"role": "assistant", "content": f"**Grade: {verdict}**\n\n{grade}"})
+    return shown
+
+
+def _format_number(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def scores_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """A run's summary as (headers, rows): one row per benchmark, one column per metric.
+
+    The summary maps benchmark -> metrics dict (or a bare score); metric names are unioned across
+    benchmarks, in first-seen order, so a new metric shows up without a UI change.
+    """
+    columns: list[str] = []
+    for metrics in summary.values():
+        for name in metrics if isinstance(metrics, dict) else ["score"]:
+            if name not in columns:
+                columns.append(name)
+    rows = []
+    for benchmark, metrics in summary.items():
+        metrics = metrics if isinstance(metrics, dict) else {"score": metrics}
+        rows.append([benchmark, *(_format_number(metrics[name]) if name in metrics else "" for name in columns)])
+    return ["benchmark", *columns], rows
