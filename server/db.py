@@ -128,16 +128,39 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
-def upgrade(engine: Engine, revision: str = "heads") -> None:
-    """Bring the schema to `revision` with Alembic, on this engine's connection."""
-    from alembic import command
+def _alembic_config():
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return config
+
+
+def head_revisions() -> set[str]:
+    """The revisions a fully migrated database is at."""
+    from alembic.script import ScriptDirectory
+
+    return set(ScriptDirectory.from_config(_alembic_config()).get_heads())
+
+
+def upgrade(engine: Engine, revision: str = "heads") -> None:
+    """Bring the schema to `revision` with Alembic, on this engine's connection."""
+    from alembic import command
+
+    config = _alembic_config()
     with engine.begin() as connection:
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Take the schema back to `revision` (for rolling back a deployment; data in dropped tables is lost)."""
+    from alembic import command
+
+    config = _alembic_config()
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
 
 
 def current_revision(engine: Engine) -> str | None:

@@ -4,7 +4,7 @@ import pytest
 from sqlalchemy import inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from rstar.server.db import Conversation, EvalRun, EvalSample, Message, current_revision, make_engine, open_database, upgrade
+from rstar.server.db import Conversation, EvalRun, EvalSample, Message, current_revision, downgrade, head_revisions, make_engine, open_database, upgrade
 
 
 def test_migrations_create_every_table_and_are_idempotent(tmp_path):
@@ -16,26 +16,14 @@ def test_migrations_create_every_table_and_are_idempotent(tmp_path):
     assert current_revision(engine) == "0003"
 
 
-def test_downgrade_to_base_and_back(tmp_path):
+def test_downgrade_and_upgrade_again(tmp_path):
     engine = make_engine(f"sqlite:///{tmp_path}/rstar.db")
     upgrade(engine)
-    upgrade_then_down(engine)
+    downgrade(engine, "0001")
+    assert current_revision(engine) == "0001"
     assert "eval_runs" not in inspect(engine).get_table_names()
     upgrade(engine)
     assert "eval_runs" in inspect(engine).get_table_names()
-
-
-def upgrade_then_down(engine):
-    from alembic import command
-    from alembic.config import Config
-
-    from rstar.server.db import MIGRATIONS_DIR
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0001")
 
 
 def test_conversation_round_trip_keeps_message_order_and_extras(tmp_path):

@@ -1,0 +1,63 @@
+"""The same migrations and models on a real PostgreSQL server (a throwaway cluster started for the session)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+from sqlalchemy import inspect, select
+
+from rstar.server.db import Conversation, EvalRun, EvalSample, Message, current_revision, head_revisions, make_engine, open_database
+
+PORT = 54329
+
+
+def _server_binaries() -> str | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return os.path.dirname(found[-1]) if found else None
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    bindir = _server_binaries()
+    if bindir is None or os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("CI must test PostgreSQL: install.sh installs Debian's postgresql as root")
+        pytest.skip("no PostgreSQL server binaries (Debian package postgresql) or not root")
+    datadir = tempfile.mkdtemp(prefix="rstar-pg-")
+    shutil.chown(datadir, "postgres", "postgres")
+    as_postgres = ["runuser", "-u", "postgres", "--"]
+    subprocess.run([*as_postgres, f"{bindir}/initdb", "-D", datadir, "-A", "trust", "-U", "rstar"], check=True, capture_output=True)
+    # Unix socket only, inside the data dir: nothing listens on the network.
+    options = f"-p {PORT} -k {datadir} -c listen_addresses=''"
+    # -l: the server keeps its output handles open, so they go to a file, not to a pipe we would wait on.
+    subprocess.run([*as_postgres, f"{bindir}/pg_ctl", "-D", datadir, "-l", f"{datadir}/server.log", "-o", options, "-w", "start"], check=True, stdout=subprocess.DEVNULL)
+    try:
+        yield f"postgresql+psycopg://rstar@/postgres?host={datadir}&port={PORT}"
+    finally:
+        subprocess.run([*as_postgres, f"{bindir}/pg_ctl", "-D", datadir, "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(datadir, ignore_errors=True)
+
+
+def test_migrations_and_round_trip_on_postgresql(postgres_url):
+    sessions = open_database(postgres_url)
+    open_database(postgres_url)  # idempotent on a second start
+    engine = make_engine(postgres_url)
+    assert engine.dialect.name == "postgresql"
+    assert {current_revision(engine)} == head_revisions()
+    assert {"conversations", "messages", "eval_runs", "eval_samples"} <= set(inspect(engine).get_table_names())
+    with sessions() as session:
+        conversation = Conversation(model="m", title="pg")
+        conversation.messages = [Message(position=0, role="user", content="hi", extra={"k": [1, 2]})]
+        run = EvalRun(model="m", suite=["aime24"], summary={"aime24": {"avg@1": 0.5}})
+        session.add_all([conversation, run])
+        session.flush()
+        session.add(EvalSample(run_id=run.id, benchmark="aime24", doc_id="7", sample_index=0, score=1.0, grade={"answer": "25"}))
+        session.commit()
+    with sessions() as session:
+        assert session.scalars(select(Message.extra)).one() == {"k": [1, 2]}
+        assert session.scalars(select(EvalSample.grade)).one() == {"answer": "25"}
