@@ -36,6 +36,7 @@ TRAJECTORY = {
             "stdout": "1170\n",
             "stderr": "",
             "exec_reason": None,
+            "exec_status": "ok",
             "exec_duration_s": 0.021,
             "started_at": 0.0,
             "wall_s": 0.03,

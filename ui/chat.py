@@ -42,11 +42,19 @@ def notice(message: str) -> str:
     return f"⚠ {message}" if message else ""
 
 
-def request_payload(state: dict[str, Any], text: str, model: str, temperature: float, max_tokens: int, max_turns: int, tools: bool, system: str) -> dict[str, Any]:
-    """The /v1/chat/completions body for the next user message; the history goes as role + content only."""
+def request_payload(
+    state: dict[str, Any], text: str, model: str, temperature: float, max_tokens: int, max_turns: int, tools: bool, system: str, prefix: str = ""
+) -> dict[str, Any]:
+    """The /v1/chat/completions body for the next user message; the history goes as role + content only.
+
+    A `prefix` is the start of the answer, given for the model to continue (vLLM's continue_final_message);
+    a complete <tool_call> in it makes the server run that call first.
+    """
     messages = [{"role": "system", "content": system}] if system and system.strip() else []
     messages += [{"role": m["role"], "content": m.get("content") or ""} for m in state["messages"] if m["role"] in ("user", "assistant")]
     messages.append({"role": "user", "content": text})
+    if prefix:
+        messages.append({"role": "assistant", "content": prefix})
     payload = {
         "model": model or "default",
         "messages": messages,
@@ -55,6 +63,8 @@ def request_payload(state: dict[str, Any], text: str, model: str, temperature: f
         "max_turns": int(max_turns),
         "builtin_tools": bool(tools),
     }
+    if prefix:
+        payload["continue_final_message"] = True
     if state["conversation_id"]:
         payload["conversation_id"] = state["conversation_id"]
     return payload
@@ -107,12 +117,18 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
                     max_turns = gr.Number(value=10, minimum=1, precision=0, label="Max turns")
                     tools = gr.Checkbox(value=True, label="Python tool", elem_id="tools")
                 system = gr.Textbox(label="System prompt", lines=2, placeholder="(the server's default)")
+                prefix = gr.Textbox(
+                    label="Answer prefix (advanced)",
+                    lines=2,
+                    placeholder="Text the answer starts with; a complete <tool_call>...</tool_call> in it runs first.",
+                    elem_id="answer-prefix",
+                )
 
-    async def respond(text, state, model, temperature, max_tokens, max_turns, tools, system):
+    async def respond(text, state, model, temperature, max_tokens, max_turns, tools, system, prefix):
         if not text.strip():
             yield gr.skip(), state, gr.skip(), ""
             return
-        payload = request_payload(state, text, model, temperature, max_tokens, max_turns, tools, system)
+        payload = request_payload(state, text, model, temperature, max_tokens, max_turns, tools, system, prefix or "")
         user = {"role": "user", "content": text}
         shown = [*state["display"], user]
         turn = AssistantTurn()
@@ -182,7 +198,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
             json.dump(record, out, indent=2, ensure_ascii=False)
         return gr.update(value=out.name, visible=True), ""
 
-    settings = [model, temperature, max_tokens, max_turns, tools, system]
+    settings = [model, temperature, max_tokens, max_turns, tools, system, prefix]
     outputs = [chatbot, state, box, alert]
     submitted = box.submit(respond, [box, state, *settings], outputs)
     clicked = send.click(respond, [box, state, *settings], outputs)

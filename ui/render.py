@@ -166,31 +166,31 @@ def conversation_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]
 
 
 def record_cell(call: dict[str, Any]) -> dict[str, Any]:
-    """A trajectory's ToolCallRecord in the server's code-cell shape."""
+    """A trajectory's ToolCallRecord in the server's code-cell shape (as the server maps it for its stream)."""
     arguments = call.get("arguments") if isinstance(call.get("arguments"), dict) else {}
-    if call.get("success"):
-        status = "ok"
-    elif call.get("success") is None:  # nothing ran: the call could not be decoded or named no runnable tool
-        status = "invalid_input"
-    else:
-        status = call.get("exec_reason") if call.get("exec_reason") in STATUS_LABELS else "error"
-    stderr = call.get("stderr") or ("" if call.get("success") is not None else call.get("decode_error") or call.get("response") or "")
+    ran = call.get("exec_status") is not None  # nothing ran: bad JSON, unknown or disabled tool, bad arguments
     return {
         "index": call.get("index", 0),
-        "name": call.get("name"),
+        "name": call.get("name") if isinstance(call.get("name"), str) else "",
         "code": arguments.get("code") or call.get("raw") or "",
-        "status": status,
+        "status": call["exec_status"] if ran else "invalid_input",
         "stdout": call.get("stdout") or "",
-        "stderr": stderr,
+        "stderr": (call.get("stderr") or "") if ran else (call.get("response") or call.get("decode_error") or ""),
         "duration_s": call.get("exec_duration_s"),
     }
 
 
 def trajectory_turn(trajectory: dict[str, Any]) -> AssistantTurn:
-    """A stored trajectory as one assistant turn: each sampled turn's text, then the cells it called."""
+    """A stored trajectory as one assistant turn: each sampled turn's text, then the cells it called.
+
+    Calls of turn -1 were given in the prompt's final assistant message (a forced call) and ran first.
+    """
     turn = AssistantTurn()
     calls = trajectory.get("tool_calls") or []
     turns = trajectory.get("turns") or []
+    for call in calls:
+        if call.get("turn") == -1:
+            turn.update_cell(record_cell(call))
     for number, sampled in enumerate(turns):
         text = sampled.get("text") or ""
         if number == len(turns) - 1 and "</reason>" in text:

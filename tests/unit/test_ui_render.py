@@ -104,12 +104,18 @@ def test_a_trajectory_becomes_reasoning_cell_reasoning_answer():
 
 
 def test_failed_and_undecodable_calls_get_their_status():
-    failed = {**TRAJECTORY["tool_calls"][0], "success": False, "exec_reason": "timeout", "stdout": ""}
-    undecodable = {**TRAJECTORY["tool_calls"][0], "success": None, "arguments": None, "stdout": None, "stderr": None, "decode_error": "bad JSON"}
+    failed = {**TRAJECTORY["tool_calls"][0], "success": False, "exec_status": "timeout", "stdout": ""}
+    undecodable = {**TRAJECTORY["tool_calls"][0], "success": None, "exec_status": None, "arguments": None, "raw": "{oops", "response": "Tool call failure: bad JSON"}
     turn = trajectory_turn({**TRAJECTORY, "tool_calls": [failed]})
     assert turn.segments[1][1]["status"] == "timeout"
-    turn = trajectory_turn({**TRAJECTORY, "tool_calls": [undecodable]})
-    assert turn.segments[1][1]["status"] == "invalid_input" and turn.segments[1][1]["stderr"] == "bad JSON"
+    cell = trajectory_turn({**TRAJECTORY, "tool_calls": [undecodable]}).segments[1][1]
+    assert (cell["status"], cell["code"], cell["stderr"]) == ("invalid_input", "{oops", "Tool call failure: bad JSON")
+
+
+def test_a_forced_call_from_the_prompt_comes_before_the_first_turn():
+    forced = {**TRAJECTORY["tool_calls"][0], "turn": -1}
+    turn = trajectory_turn({**TRAJECTORY, "tool_calls": [forced]})
+    assert [kind for kind, _ in turn.segments] == ["cell", "reasoning", "answer"]
 
 
 def test_sample_drill_down_shows_prompt_trajectory_and_grade():

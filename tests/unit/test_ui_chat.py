@@ -1,0 +1,45 @@
+"""The Chat tab's request building and conversation listing (the Gradio wiring is covered by tests/e2e)."""
+
+from __future__ import annotations
+
+from rstar.ui.chat import conversation_choices, new_state, request_payload
+
+
+def test_payload_carries_history_settings_and_the_stored_conversation():
+    state = {
+        "conversation_id": "c1",
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello", "reasoning_content": "greet", "code_cells": [{"index": 0}]},
+        ],
+        "display": [],
+    }
+    payload = request_payload(state, "2+2?", "m", 0.3, 64, 5, False, "Be brief.")
+    assert payload == {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"},  # reasoning and cells stay in the page, not the prompt
+            {"role": "user", "content": "2+2?"},
+        ],
+        "temperature": 0.3,
+        "max_tokens": 64,
+        "max_turns": 5,
+        "builtin_tools": False,
+        "conversation_id": "c1",
+    }
+
+
+def test_an_answer_prefix_is_continued_and_a_new_chat_has_no_conversation_yet():
+    payload = request_payload(new_state(), "6*7?", "", 0.0, 32.0, 2.0, True, "", prefix="<tool_call>{}</tool_call>")
+    assert payload["messages"][-1] == {"role": "assistant", "content": "<tool_call>{}</tool_call>"}
+    assert payload["continue_final_message"] is True and payload["model"] == "default"
+    assert "conversation_id" not in payload and payload["messages"][0]["role"] == "user"
+    assert isinstance(payload["max_tokens"], int) and isinstance(payload["max_turns"], int)
+
+
+def test_conversation_choices_label_title_and_time():
+    choices = conversation_choices([{"id": "a", "title": "", "created_at": "2026-11-29T21:44:05+00:00"}, {"id": "b", "title": "x" * 100, "created_at": "2026-11-29T22:00:00"}])
+    assert choices[0] == ("(untitled) · 2026-11-29 21:44", "a")
+    assert choices[1][0].startswith("x" * 60 + " · ") and choices[1][1] == "b"
