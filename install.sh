@@ -51,22 +51,22 @@ PY
     fi
 fi
 
-# The sandbox runs model code inside bubblewrap; it refuses to start without isolation.
-if ! command -v bwrap >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null
-    else
-        echo "install.sh: bubblewrap (bwrap) is missing; install it with your package manager for the sandbox" >&2
-    fi
+# System packages, from the distribution (root + apt only; elsewhere we say what is missing):
+#   bubblewrap  the sandbox runs model code inside it and refuses to start without isolation;
+#   chromium    the browser tests drive Debian's chromium through Playwright (`playwright install` would
+#               download a browser, which these machines cannot);
+#   postgresql  the persistence tests start a throwaway PostgreSQL cluster besides SQLite.
+need=()
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+if [[ ",${extras}," == *",test,"* ]]; then
+    [ -x /usr/bin/chromium ] || need+=(chromium)
+    compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 fi
-
-# The browser tests drive Debian's chromium through Playwright; `playwright install` would download a browser,
-# which these machines cannot, so the system package is the one browser they use.
-if [[ ",${extras}," == *",test,"* ]] && [ ! -x /usr/bin/chromium ]; then
+if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
     else
-        echo "install.sh: /usr/bin/chromium is missing; install Debian's chromium for the browser tests (tests/e2e)" >&2
+        echo "install.sh: missing system packages: ${need[*]}; install them with your package manager" >&2
     fi
 fi
 
