@@ -6,6 +6,7 @@ scripted engine; `rstar serve` passes one that starts vLLM. Serving logic lives 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -123,21 +124,21 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         chat: ChatService = request.app.state.chat
         if body.stream:
-            return _event_stream(await chat.stream(body, time.monotonic()))
+            return _event_stream(request, await chat.stream(body, time.monotonic()))
         return await _unless_disconnected(request, chat.complete(body, time.monotonic()))
 
     @app.post("/v1/completions", dependencies=authorized)
     async def completions(body: CompletionRequest, request: Request):
         service: CompletionService = request.app.state.completions
         if body.stream:
-            return _event_stream(await service.stream(body, time.monotonic()))
+            return _event_stream(request, await service.stream(body, time.monotonic()))
         return await _unless_disconnected(request, service.complete(body, time.monotonic()))
 
     @app.post("/v1/responses", dependencies=authorized)
     async def responses(body: ResponsesRequest, request: Request):
         service: ResponsesService = request.app.state.responses
         if body.stream:
-            return _event_stream(await service.stream(body, time.monotonic()))
+            return _event_stream(request, await service.stream(body, time.monotonic()))
         return await _unless_disconnected(request, service.create(body, time.monotonic()))
 
     @app.post("/tokenize", dependencies=authorized)
@@ -191,15 +192,20 @@ async def _unless_disconnected(request: Request, work: Awaitable):
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
 
 
-def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(_guard_stream(events), media_type="text/event-stream")
+def _event_stream(request: Request, events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(_guard_stream(events, request.app.state.serving.metrics), media_type="text/event-stream")
 
 
-async def _guard_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Once the 200 and the first bytes are out, an error can only travel as an SSE event."""
+async def _guard_stream(events: AsyncIterator[str], metrics: ServerMetrics) -> AsyncIterator[str]:
+    """Once the 200 and the first bytes are out, an error can only travel as an SSE event. A client that
+    leaves closes this generator, and closing `events` aborts the generations and tool runs behind it."""
     try:
-        async for event in events:
-            yield event
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield event
+    except (GeneratorExit, asyncio.CancelledError):
+        metrics.client_disconnects.inc()
+        raise
     except APIError as exc:  # a limit reached mid-stream (the request timeout)
         yield sse_error(exc.message, exc.status)
     except Exception as exc:

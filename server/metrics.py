@@ -6,6 +6,7 @@ benchmark) count separately. The engine's gauges are read at scrape time, so the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -33,7 +34,7 @@ class ServerMetrics:
             "rstar_time_to_first_token_seconds", "From request arrival to the first generated text.", buckets=_LATENCY_BUCKETS, registry=registry
         )
         self.request_latency = Histogram(
-            "rstar_request_duration_seconds", "Generation requests, arrival to last byte.", buckets=_LATENCY_BUCKETS, registry=registry
+            "rstar_request_duration_seconds", "Requests by route, arrival to last byte.", ["route"], buckets=_LATENCY_BUCKETS, registry=registry
         )
         self.tool_calls = Counter("rstar_tool_calls", "Built-in tool calls, by tool and sandbox status.", ["tool", "status"], registry=registry)
         self.tool_latency = Histogram(
@@ -66,6 +67,7 @@ class RequestCounter:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         status = {}
+        started = time.perf_counter()
 
         async def recording(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -80,5 +82,6 @@ class RequestCounter:
                 # The router records the matched route in the scope; unmatched paths share one label.
                 route = getattr(scope.get("route"), "path", "unmatched")
                 metrics.requests.labels(route, str(status["code"])).inc()
+                metrics.request_latency.labels(route).observe(time.perf_counter() - started)
                 if status["code"] in (413, 429, 504):
                     metrics.rejected.labels(str(status["code"])).inc()

@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,11 +77,13 @@ def engine(default_model_dir, loop_thread):
 class LiveServer:
     base_url: str  # http://127.0.0.1:PORT
     settings: Settings
+    app: Any  # the FastAPI app; app.state.serving holds the engine, the sandbox client and the store
 
 
 @pytest.fixture(scope="session")
 def live_server(engine, loop_thread, tmp_path_factory):
-    """The API app on the session engine, served by uvicorn on a free loopback port."""
+    """The API app on the session engine, served by uvicorn on a free loopback port, with its own
+    in-process sandbox pool (the server's default), which the app starts and stops."""
     import uvicorn
 
     from rstar.server.api import create_app
@@ -94,13 +97,14 @@ def live_server(engine, loop_thread, tmp_path_factory):
     async def shared_engine():
         return engine
 
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, shared_engine, engine.model_name), log_level="warning"))
+    app = create_app(settings, shared_engine, engine.model_name)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     serving = asyncio.run_coroutine_threadsafe(server.serve(sockets=[sock]), loop_thread.loop)
     deadline = time.time() + 60
     while not server.started:
         assert not serving.done(), f"server failed to start: {serving.exception()}"
         assert time.time() < deadline, "server did not start in 60 s"
         time.sleep(0.05)
-    yield LiveServer(f"http://127.0.0.1:{port}", settings)
+    yield LiveServer(f"http://127.0.0.1:{port}", settings, app)
     server.should_exit = True
     serving.result(60)

@@ -1,10 +1,18 @@
-"""The API app over real HTTP on the session's real engine, with the async openai client."""
+"""The API app over real HTTP on the session's real engine and a real in-process sandbox, driven by the
+official openai client (sync, async, streaming; chat and responses); the forced tool-call path; errors."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
+import httpx
 import openai
+import pytest
+
+from rstar.server.agent_loop import LoopConfig, run_trajectory
+from rstar.server.builtin_tools import SandboxExecutor, builtin_tool_schemas
+from rstar.server.engine import SamplingOptions
 
 
 def test_async_client_runs_concurrent_requests(live_server):
@@ -28,3 +36,108 @@ def test_n_samples_with_a_seed_are_reproducible(live_server):
     second = [c.message.content for c in client.chat.completions.create(**ask).choices]
     assert first == second
     assert len(set(first)) > 1  # distinct seeds per choice
+
+
+MODEL = "SmolLM2-135M-Instruct"
+FORCED_CALL = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(6*7)", "input": ""}}\n</tool_call>'
+FORCED = [{"role": "user", "content": "What is 6*7? Use Python."}, {"role": "assistant", "content": "I will run it.\n" + FORCED_CALL}]
+
+
+def test_forced_tool_call_runs_in_the_sandbox_and_its_output_reaches_the_model(live_server, default_tokenizer):
+    client = openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused")
+    completion = client.chat.completions.create(
+        model=MODEL, messages=FORCED, max_tokens=100, temperature=0, extra_body={"continue_final_message": True, "return_token_ids": True}
+    )
+    choice = completion.choices[0]
+    cell = choice.message.code_cells[0]
+    assert (cell["status"], cell["stdout"], cell["code"]) == ("ok", "42\n", "print(6*7)")
+    assert cell["duration_s"] > 0
+    # What the model was conditioned on when it sampled its first token: the prompt plus the tool turn.
+    first_sampled = choice.response_mask.index(1)
+    seen = default_tokenizer.decode(completion.prompt_token_ids + choice.token_ids[:first_sampled])
+    assert seen.endswith("<tool_response>\nTool call success\nstdout: 42\n\nexecution time: " + f"{cell['duration_s']:.2f}s\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert completion.usage.tool_calls == 1 and completion.usage.completion_tokens == sum(choice.response_mask)
+
+
+def test_forced_tool_call_streams_its_cell_with_the_official_client(live_server):
+    client = openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model=MODEL, messages=FORCED, max_tokens=90, temperature=0, stream=True, stream_options={"include_usage": True}, extra_body={"continue_final_message": True}
+    )
+    chunks = list(stream)
+    cells = [c.choices[0].delta.code_cell for c in chunks if c.choices and getattr(c.choices[0].delta, "code_cell", None)]
+    assert [c["status"] for c in cells] == ["running", "ok"] and cells[1]["stdout"] == "42\n"
+    assert chunks[-1].usage.tool_calls == 1
+    assert chunks[0].conversation_id
+    stored = httpx.get(f"{live_server.base_url}/v1/conversations/{chunks[0].conversation_id}").json()
+    assert stored["messages"][-1]["code_cells"][0]["stdout"] == "42\n"
+
+
+def test_async_streaming_chat_and_responses_with_the_official_client(live_server):
+    async def main():
+        client = openai.AsyncOpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused")
+        stream = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi!"}], max_tokens=8, temperature=0, stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        response = await client.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=8, temperature=0)
+        events = [e async for e in await client.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=8, temperature=0, stream=True)]
+        return text, response, events
+
+    text, response, events = asyncio.run(main())
+    assert text.strip()
+    assert response.status in ("completed", "incomplete") and response.output_text.strip() and response.usage.output_tokens <= 8
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == events[-1].response.output_text == response.output_text  # temperature 0: the same answer
+
+
+def test_sync_responses_with_code_interpreter(live_server):
+    client = openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused")
+    response = client.responses.create(
+        model=MODEL, input="What is 2+2?", tools=[{"type": "code_interpreter", "container": {"type": "auto"}}], max_output_tokens=32, temperature=0
+    )
+    assert response.output and response.usage.input_tokens > 300  # the tool's schema is in the prompt
+    assert all(item.type in ("message", "reasoning", "code_interpreter_call", "function_call") for item in response.output)
+
+
+def test_errors_over_http(live_server):
+    client = openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=100_000)
+    assert err.value.body["code"] == "context_length_exceeded"
+    too_big = httpx.post(f"{live_server.base_url}/v1/chat/completions", content=b"x" * (live_server.settings.api.max_body_bytes + 1))
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "body_too_large"
+
+
+def test_a_client_leaving_a_non_streaming_request_aborts_it(live_server, engine):
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{live_server.base_url}/v1/completions", json=body, timeout=3)
+    deadline = time.time() + 20
+    while engine.stats().unfinished and time.time() < deadline:
+        time.sleep(0.2)
+    assert engine.stats().unfinished == 0
+    assert "rstar_client_disconnects_total 1.0" in httpx.get(f"{live_server.base_url}/metrics").text
+
+
+def test_health_reports_the_real_sandbox(live_server):
+    health = httpx.get(f"{live_server.base_url}/health").json()
+    assert health["status"] == "ok" and health["sandbox"]["status"] == "ok" and health["sandbox"]["isolated"]
+
+
+def test_agent_loop_on_the_real_engine_and_sandbox(live_server, engine, loop_thread, default_tokenizer):
+    """The loop itself, without HTTP: a forced call runs in the real sandbox and the tokens are exact."""
+    serving = live_server.app.state.serving
+    config = LoopConfig(max_turns=3, max_response_tokens=200)
+    trajectory = loop_thread.run(
+        run_trajectory(engine, serving.template, FORCED, builtin_tool_schemas(), SamplingOptions(max_tokens=1, temperature=0), SandboxExecutor(serving.sandbox), config, continue_final_message=True)
+    )
+    record = trajectory.tool_calls[0]
+    assert (record.turn, record.exec_status, record.stdout) == (-1, "ok", "42\n")
+    assert len(trajectory.response_ids) == len(trajectory.response_mask) == len(trajectory.logprobs) <= 200
+    sampled = [lp for lp, mask in zip(trajectory.logprobs, trajectory.response_mask) if mask]
+    assert sampled and all(lp <= 0 for lp in sampled) and any(lp < 0 for lp in sampled)
+    stream = default_tokenizer.decode(trajectory.prompt_ids + trajectory.response_ids)
+    assert serving.template.render_continuation(FORCED, builtin_tool_schemas()) in stream
+    assert record.response in stream

@@ -167,3 +167,4 @@ def test_closing_a_stream_during_a_tool_run_cancels_the_sandbox_job(make_server)
         time.sleep(0.05)
     assert sandbox.cancelled == ["print(6*7)"]
     assert http.get("/health").json()["admission"]["running"] == 0
+    assert "rstar_client_disconnects_total 1.0" in http.get("/metrics").text

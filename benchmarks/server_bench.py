@@ -1,0 +1,382 @@
+"""The API server: our `rstar serve` vs vLLM's own OpenAI server on the same model, plus the tool loop's
+own overhead and a disconnect storm.
+
+Measured, in one run:
+  throughput    /v1/chat/completions, streaming, temperature 0, the same prompts to both servers at
+                concurrency 1, 8 and 32, rounds alternating between the servers: completion tokens/s and
+                time to first token (first content delta). Ours runs with builtin_tools=false so both
+                prompts are the same tokens; both engines eager, same context, batch and KV-cache size.
+  loop          the agent loop's own time per tool turn, model and code time excluded: run_trajectory
+                on an instant scripted engine and an instant executor, real tokenizer and template.
+  disconnects   100 concurrent streaming clients on our server, every one on the forced tool-call path
+                (the sandbox runs code); 20 leave mid-answer, most while their code runs. Checked: no
+                error for the others, the engine back to zero requests, no sandbox process left over.
+
+    python benchmarks/server_bench.py [--quick] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL_NAME = "SmolLM2-135M-Instruct"
+MAX_MODEL_LEN = 2048
+PROMPTS = [f"Write two sentences about the number {i}." for i in range(64)]
+CALL = '<tool_call>\n{{"name": "python_code_with_standard_io", "arguments": {{"code": {code}, "input": ""}}}}\n</tool_call>'
+QUICK_CODE = "print(6*7)"
+SLOW_CODE = "import time\ntime.sleep(2)\nprint(1)"
+
+
+def engine_env() -> dict:
+    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1"}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Server:
+    def __init__(self, name: str, command: list[str], env: dict, port: int, log_dir: Path):
+        self.name, self.port = name, port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.log = open(log_dir / f"{name}.log", "w")
+        self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.time() + timeout_s
+        async with httpx.AsyncClient() as http:
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited: see {self.log.name}")
+                try:
+                    if (await http.get(f"{self.base_url}/v1/models", timeout=2)).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.time() > deadline:
+                    raise RuntimeError(f"{self.name} not ready in {timeout_s} s")
+                await asyncio.sleep(1)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+def start_servers(model_dir: str, log_dir: Path) -> tuple[Server, Server]:
+    ours_port, vllm_port = free_port(), free_port()
+    ours_env = {**engine_env(), "RSTAR_DATA_DIR": str(log_dir / "data"), "RSTAR_ENGINE__MAX_MODEL_LEN": str(MAX_MODEL_LEN), "RSTAR_ENGINE__MAX_NUM_SEQS": "64"}
+    ours = Server("ours", [sys.executable, "-m", "rstar.cli", "serve", "--port", str(ours_port), "--served-model-name", MODEL_NAME], ours_env, ours_port, log_dir)
+    vllm_command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name", MODEL_NAME,
+        "--port", str(vllm_port), "--host", "127.0.0.1", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "64",
+        "--enforce-eager", "--dtype", "bfloat16", "--seed", "0", "--disable-log-requests",
+    ]
+    vllm = Server("vllm", vllm_command, engine_env(), vllm_port, log_dir)
+    return ours, vllm
+
+
+# -- throughput -----------------------------------------------------------------------------------------
+
+
+async def one_stream(http: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int) -> tuple[float, int, float]:
+    """(time to first content token, completion tokens, total time) of one streamed chat completion."""
+    body = {
+        "model": MODEL_NAME, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+        "stream": True, "stream_options": {"include_usage": True},
+    }
+    if server.name == "ours":
+        body["builtin_tools"] = False
+    started = time.perf_counter()
+    first = None
+    tokens = 0
+    async with http.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=600) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"])
+            if first is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                first = time.perf_counter() - started
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return first if first is not None else float("nan"), tokens, time.perf_counter() - started
+
+
+async def throughput_round(server: Server, concurrency: int, requests: int, max_tokens: int) -> dict:
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 4)
+
+    async with httpx.AsyncClient(limits=limits) as http:
+        async def run(i: int):
+            async with gate:
+                return await one_stream(http, server, PROMPTS[i % len(PROMPTS)], max_tokens)
+
+        started = time.perf_counter()
+        results = await asyncio.gather(*(run(i) for i in range(requests)))
+        wall = time.perf_counter() - started
+    ttfts = sorted(r[0] for r in results)
+    tokens = sum(r[1] for r in results)
+    return {"requests": requests, "tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 2),
+            "ttft_p50_ms": round(statistics.median(ttfts) * 1000, 1), "ttft_p95_ms": round(ttfts[int(0.95 * (len(ttfts) - 1))] * 1000, 1)}
+
+
+async def throughput(ours: Server, vllm: Server, quick: bool) -> dict:
+    plan = {1: 3, 8: 16, 32: 32} if quick else {1: 12, 8: 48, 32: 128}
+    rounds = 1 if quick else 3
+    max_tokens = 32 if quick else 64
+    # Warm both (first requests pay one-time costs), then alternate rounds so drift hits both alike.
+    for server in (ours, vllm):
+        await throughput_round(server, 4, 4, 8)
+    table: dict = {"ours": {}, "vllm": {}}
+    for concurrency, requests in plan.items():
+        samples: dict = {"ours": [], "vllm": []}
+        for _ in range(rounds):
+            for server in (ours, vllm):
+                samples[server.name].append(await throughput_round(server, concurrency, requests, max_tokens))
+        for name, runs in samples.items():
+            table[name][concurrency] = {
+                "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in runs), 2),
+                "ttft_p50_ms": round(statistics.median(r["ttft_p50_ms"] for r in runs), 1),
+                "ttft_p95_ms": round(statistics.median(r["ttft_p95_ms"] for r in runs), 1),
+                "tokens": [r["tokens"] for r in runs],
+                "rounds": runs,
+            }
+        ratio = table["ours"][concurrency]["tokens_per_s"] / table["vllm"][concurrency]["tokens_per_s"]
+        print(f"  concurrency {concurrency:>2}: ours {table['ours'][concurrency]['tokens_per_s']:7.1f} tok/s "
+              f"(TTFT p50 {table['ours'][concurrency]['ttft_p50_ms']:.0f} ms), vLLM {table['vllm'][concurrency]['tokens_per_s']:7.1f} tok/s "
+              f"(TTFT p50 {table['vllm'][concurrency]['ttft_p50_ms']:.0f} ms), ratio {ratio:.3f}", flush=True)
+    return {"max_tokens": max_tokens, "rounds": rounds, **table}
+
+
+# -- loop overhead --------------------------------------------------------------------------------------
+
+
+def loop_overhead(model_dir: str, quick: bool) -> dict:
+    """Milliseconds of agent-loop work per tool turn with an instant engine and an instant executor.
+
+    A 10-turn trajectory (9 tool turns) is timed against one plain turn that streams as many tokens, so
+    what is left is the per-turn work: parsing the call, running the executor, rendering and tokenizing
+    the tool turn, starting the next generation."""
+    from transformers import AutoTokenizer
+
+    from rstar.server.agent_loop import LoopConfig, run_trajectory
+    from rstar.server.builtin_tools import builtin_tool_schemas
+    from rstar.server.chat_template import choose_template
+    from rstar.server.engine import EngineStats, SamplingOptions, TokenDelta
+    from rstar.server.tool_results import ExecResult
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    template = choose_template(tokenizer, MODEL_NAME)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    turns = 10
+    call_ids = tokenizer.encode("Let me compute this step.\n" + CALL.format(code=json.dumps(QUICK_CODE)), add_special_tokens=False) + [end]
+    answer_ids = tokenizer.encode("The answer is 42.", add_special_tokens=False) + [end]
+    with_tools = [call_ids] * (turns - 1) + [answer_ids]
+    streamed = sum(len(ids) for ids in with_tools)
+    filler = answer_ids[:-1] * (streamed // len(answer_ids) + 1)
+    plain = [filler[: streamed - 1] + [end]]
+
+    class InstantEngine:
+        model_name, max_model_len, weight_version = MODEL_NAME, 32768, 0
+
+        def __init__(self, script: list[list[int]]):
+            self.tokenizer, self.script = tokenizer, list(script)
+
+        async def generate(self, prompt_ids, options, request_id=None):
+            ids = self.script.pop(0)
+            for position, token in enumerate(ids):  # one delta per token, as a real engine streams them
+                last = position == len(ids) - 1
+                yield TokenDelta([token], tokenizer.decode([token]), logprobs=[-0.1], finished=last, finish_reason="stop" if last else None)
+
+        async def abort(self, request_id):
+            pass
+
+        def stats(self):
+            return EngineStats(0, 0, 0, 0.0)
+
+    class InstantExecutor:
+        async def execute(self, tool, code, stdin, replay):
+            return ExecResult(success=True, stdout="42\n", duration_s=0.001, status="ok")
+
+    async def timed(script: list[list[int]]) -> float:
+        started = time.perf_counter()
+        await run_trajectory(
+            InstantEngine(script), template, [{"role": "user", "content": "What is 6*7?"}], builtin_tool_schemas(),
+            SamplingOptions(max_tokens=1), InstantExecutor(), LoopConfig(max_turns=turns),
+        )
+        return time.perf_counter() - started
+
+    repeats = 20 if quick else 100
+    asyncio.run(timed(with_tools))  # warm caches (template compile, measured template pieces)
+    totals = [asyncio.run(timed(with_tools)) for _ in range(repeats)]
+    bases = [asyncio.run(timed(plain)) for _ in range(repeats)]
+    per_turn = (statistics.median(totals) - statistics.median(bases)) / (turns - 1)
+    print(f"  loop: {per_turn * 1000:.3f} ms per tool turn beyond token streaming "
+          f"({statistics.median(totals) * 1000:.2f} ms for {turns} turns vs {statistics.median(bases) * 1000:.2f} ms for one turn of {streamed} tokens)", flush=True)
+    return {"turns": turns, "tool_turns": turns - 1, "tokens_streamed": streamed, "repeats": repeats,
+            "trajectory_ms_p50": round(statistics.median(totals) * 1000, 3), "plain_turn_ms_p50": round(statistics.median(bases) * 1000, 3),
+            "ms_per_tool_turn": round(per_turn * 1000, 3)}
+
+
+# -- disconnect storm -----------------------------------------------------------------------------------
+
+
+def cell_processes(uid_base: int = 61000, span: int = 4096) -> int:
+    """Host processes running as a sandbox cell uid (pre-forked spares included)."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as status:
+                uid = next(int(line.split()[1]) for line in status if line.startswith("Uid:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+        count += uid_base <= uid < uid_base + span
+    return count
+
+
+async def disconnects(ours: Server, quick: bool) -> dict:
+    clients = 40 if quick else 100
+    leaving = clients // 5
+    # The answer's one budget covers the tool turn (about 50 tokens here) as well as the sampled text.
+    max_tokens = 80 if quick else 110
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=clients + 8)) as http:
+        health = (await http.get(f"{ours.base_url}/health")).json()
+        spares_before = cell_processes()
+
+        async def client(i: int) -> dict:
+            leaves = i % (clients // leaving) == 0
+            code = SLOW_CODE if leaves else QUICK_CODE
+            messages = [{"role": "user", "content": f"Compute something ({i})."}, {"role": "assistant", "content": CALL.format(code=json.dumps(code))}]
+            body = {"model": MODEL_NAME, "messages": messages, "continue_final_message": True, "max_tokens": max_tokens,
+                    "temperature": 0, "stream": True, "store": False}
+            outcome = {"leaves": leaves, "done": False, "error": None, "left_while": None}
+            try:
+                async with http.stream("POST", f"{ours.base_url}/v1/chat/completions", json=body, timeout=300) as response:
+                    if response.status_code != 200:
+                        outcome["error"] = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                        return outcome
+                    async for line in response.aiter_lines():
+                        if line == "data: [DONE]":
+                            outcome["done"] = True
+                        elif line.startswith("data: "):
+                            chunk = json.loads(line[6:])
+                            if "error" in chunk:
+                                outcome["error"] = chunk["error"]["message"]
+                            cell = chunk["choices"][0]["delta"].get("code_cell") if chunk.get("choices") else None
+                            if leaves and cell and cell["status"] == "running":
+                                outcome["left_while"] = "code running"
+                                return outcome  # leaving the block closes the connection mid-answer
+            except httpx.HTTPError as exc:
+                outcome["error"] = f"{type(exc).__name__}: {exc}"
+            return outcome
+
+        started = time.perf_counter()
+        outcomes = await asyncio.gather(*(client(i) for i in range(clients)))
+        wall = time.perf_counter() - started
+        stayed = [o for o in outcomes if not o["leaves"]]
+        errors = [o["error"] for o in stayed if o["error"] or not o["done"]]
+        # Give aborts and sandbox kills a moment, then look.
+        deadline = time.time() + 30
+        while True:
+            health = (await http.get(f"{ours.base_url}/health")).json()
+            engine, sandbox = health["engine"], health["sandbox"]
+            left_cells = max(cell_processes() - spares_before, 0)
+            settled = engine["unfinished"] == 0 and engine["running"] == 0 and sandbox.get("running", 0) == 0 and left_cells == 0
+            if settled or time.time() > deadline:
+                break
+            await asyncio.sleep(0.5)
+    result = {
+        "clients": clients, "leaving": leaving, "left_while_code_ran": sum(o["left_while"] == "code running" for o in outcomes),
+        "wall_s": round(wall, 2), "errors_on_others": len(errors), "error_samples": errors[:3],
+        "engine_unfinished_after": engine["unfinished"], "engine_running_after": engine["running"],
+        "sandbox_running_after": sandbox.get("running"), "sandbox_processes_left": left_cells,
+    }
+    print(f"  disconnects: {clients} clients, {leaving} left ({result['left_while_code_ran']} while their code ran); "
+          f"errors on the others {len(errors)}; engine unfinished {engine['unfinished']}, running {engine['running']}; "
+          f"sandbox running {sandbox.get('running')}, processes left {left_cells}", flush=True)
+    return result
+
+
+# -- main -----------------------------------------------------------------------------------------------
+
+
+async def main_async(args, model_dir: str, log_dir: Path) -> dict:
+    ours, vllm = start_servers(model_dir, log_dir)
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(ours.wait_ready(600), vllm.wait_ready(600))
+        print(f"  both servers ready in {time.perf_counter() - started:.0f} s", flush=True)
+        figures = {"throughput": await throughput(ours, vllm, args.quick)}
+        vllm.stop()  # the storm runs on ours alone
+        figures["disconnects"] = await disconnects(ours, args.quick)
+        return figures
+    finally:
+        for server in (ours, vllm):
+            if server.process.poll() is None:
+                server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small workload (under 3 minutes with both engines' start-up)")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "server_bench.json"))
+    args = parser.parse_args()
+
+    from rstar.config import load_settings
+    from rstar.server.model_store import resolve_model
+
+    model_dir = resolve_model("default", load_settings().models_dir).path
+    print(f"server_bench ({'quick' if args.quick else 'full'}) on {model_dir}", flush=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="server_bench-"))
+    figures = asyncio.run(main_async(args, str(model_dir), log_dir))
+    figures["loop"] = loop_overhead(str(model_dir), args.quick)
+
+    goals = []
+    for concurrency in (1, 8, 32):
+        ratio = figures["throughput"]["ours"][concurrency]["tokens_per_s"] / figures["throughput"]["vllm"][concurrency]["tokens_per_s"]
+        goals.append({"name": f"throughput_ratio_vs_vllm_c{concurrency}", "value": round(ratio, 3), "op": ">=", "target": 0.95, "unit": "ratio"})
+    goals.append({"name": "loop_overhead_per_tool_turn", "value": figures["loop"]["ms_per_tool_turn"], "op": "<=", "target": 5, "unit": "ms"})
+    storm = figures["disconnects"]
+    goals.append({"name": "disconnect_storm_errors_on_other_clients", "value": storm["errors_on_others"], "op": "<=", "target": 0, "unit": "requests"})
+    goals.append({"name": "disconnect_storm_engine_requests_left", "value": storm["engine_unfinished_after"], "op": "<=", "target": 0, "unit": "requests"})
+    goals.append({"name": "disconnect_storm_sandbox_processes_left", "value": storm["sandbox_processes_left"], "op": "<=", "target": 0, "unit": "processes"})
+    report = {
+        "benchmark": "server_bench", "quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "model": MODEL_NAME, "logs": str(log_dir), **figures, "goals": goals,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    for goal in goals:
+        met = goal["value"] >= goal["target"] if goal["op"] == ">=" else goal["value"] <= goal["target"]
+        print(f"  goal {goal['name']}: {goal['value']} {goal['unit']} ({goal['op']} {goal['target']}) {'met' if met else 'NOT met'}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
