@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+from datetime import datetime, timezone
 from typing import Any
 
 import gradio as gr
@@ -76,7 +77,12 @@ def _assistant_message(turn: AssistantTurn) -> dict[str, Any]:
 
 
 def conversation_choices(conversations: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    return [(f"{(c.get('title') or '(untitled)')[:60]} · {str(c.get('created_at', ''))[:16].replace('T', ' ')}", c["id"]) for c in conversations]
+    """Dropdown (label, id) pairs; the API gives `created_at` in unix seconds, as OpenAI's objects do."""
+
+    def when(created: int) -> str:
+        return datetime.fromtimestamp(created, timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+    return [(f"{(c.get('title') or '(untitled)')[:60]} · {when(c['created_at'])}", c["id"]) for c in conversations]
 
 
 def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
@@ -112,11 +118,11 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
             with gr.Accordion("Settings", open=False, elem_id="chat-settings"):
                 with gr.Row():
                     model = gr.Dropdown(label="Model", choices=[], value=None, allow_custom_value=True, elem_id="model")
-                    temperature = gr.Slider(0.0, 2.0, value=0.6, step=0.05, label="Temperature")
-                    max_tokens = gr.Number(value=1024, minimum=1, precision=0, label="Max tokens")
-                    max_turns = gr.Number(value=10, minimum=1, precision=0, label="Max turns")
+                    temperature = gr.Slider(0.0, 2.0, value=0.6, step=0.05, label="Temperature", elem_id="temperature")
+                    max_tokens = gr.Number(value=1024, minimum=1, precision=0, label="Max tokens", elem_id="max-tokens")
+                    max_turns = gr.Number(value=10, minimum=1, precision=0, label="Max turns", elem_id="max-turns")
                     tools = gr.Checkbox(value=True, label="Python tool", elem_id="tools")
-                system = gr.Textbox(label="System prompt", lines=2, placeholder="(the server's default)")
+                system = gr.Textbox(label="System prompt", lines=2, placeholder="(the server's default)", elem_id="system-prompt")
                 prefix = gr.Textbox(
                     label="Answer prefix (advanced)",
                     lines=2,

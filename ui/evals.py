@@ -62,7 +62,7 @@ def build_evals_tab(client: ApiClient, demo: gr.Blocks) -> None:
         open_sample = gr.Button("Open sample", scale=1, elem_id="open-sample")
     samples = gr.Dataframe(headers=SAMPLE_COLUMNS, label="Samples (click a row to open it)", interactive=False, elem_id="samples")
     trajectory = gr.Chatbot(
-        label="Sample trajectory", elem_id="sample-trajectory", height=600, latex_delimiters=LATEX_DELIMITERS, feedback_options=None, layout="panel"
+        label="Sample trajectory", elem_id="sample-trajectory", height=600, latex_delimiters=LATEX_DELIMITERS, feedback_options=None, layout="panel", autoscroll=False
     )
 
     async def list_runs(selected):

@@ -40,6 +40,6 @@ def test_an_answer_prefix_is_continued_and_a_new_chat_has_no_conversation_yet():
 
 
 def test_conversation_choices_label_title_and_time():
-    choices = conversation_choices([{"id": "a", "title": "", "created_at": "2026-11-29T21:44:05+00:00"}, {"id": "b", "title": "x" * 100, "created_at": "2026-11-29T22:00:00"}])
-    assert choices[0] == ("(untitled) · 2026-11-29 21:44", "a")
+    choices = conversation_choices([{"id": "a", "title": "", "created_at": 1795988645}, {"id": "b", "title": "x" * 100, "created_at": 0}])
+    assert choices[0] == ("(untitled) · 2026-11-29 21:44", "a")  # UTC
     assert choices[1][0].startswith("x" * 60 + " · ") and choices[1][1] == "b"

@@ -1,0 +1,74 @@
+"""Browser fixtures: the UI served against the session's live API server, and Debian's chromium under Playwright.
+
+The UI runs in-process on its own loopback port (a second uvicorn in a thread) and reaches the API over
+HTTP, as it would a remote deployment; no second engine starts. The browser is the system's
+/usr/bin/chromium: Playwright never downloads one here. Each test leaves a full-page screenshot in
+artifacts/e2e/.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = REPO_ROOT / "artifacts" / "e2e"
+
+
+@pytest.fixture(scope="session")
+def ui_url(live_server):
+    import uvicorn
+    from fastapi import FastAPI
+
+    from rstar.ui.app import UI_PATH, mount_ui
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(mount_ui(FastAPI(), live_server.base_url), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not server.started:
+        assert thread.is_alive(), "the UI server exited during start-up"
+        assert time.time() < deadline, "the UI server did not start in 60 s"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}{UI_PATH}/"
+    server.should_exit = True
+    thread.join(30)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM.exists(), "the browser tests need Debian's chromium at /usr/bin/chromium: run `bash install.sh cpu,test` as root"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, ui_url, request):
+    """A fresh page on the UI, loaded; a screenshot of how the test left it goes to artifacts/e2e/<test>.png."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    page = context.new_page()
+    page_errors: list[str] = []
+    page.on("pageerror", lambda error: page_errors.append(str(error)))
+    page.goto(ui_url)
+    page.wait_for_selector("#chat-input textarea", timeout=60_000)
+    page.wait_for_function("document.querySelector('#server-status')?.innerText.includes('Connected to')", timeout=30_000)
+    yield page
+    page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+    context.close()
+    assert not page_errors, f"JavaScript errors on the page: {page_errors}"

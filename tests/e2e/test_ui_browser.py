@@ -1,0 +1,136 @@
+"""The UI in a real browser against the live API on the real default model: a streamed answer, a code cell
+with its output (the forced tool-call path), the stop button, a stored conversation, an eval drill-down."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from rstar.server.db import open_database
+from tests.e2e.conftest import ARTIFACTS
+from tests.eval_run_data import insert_eval_run
+
+MODEL = "SmolLM2-135M-Instruct"
+FORCED_CALL = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(6*7)", "input": ""}}\n</tool_call>'
+
+
+def set_chat_settings(page, max_tokens: int, temperature: float = 0.0, prefix: str = "") -> None:
+    page.locator("#chat-settings").get_by_text("Settings").click()
+    page.fill("#max-tokens input", str(max_tokens))
+    page.locator("#max-tokens input").press("Tab")
+    page.fill("#temperature input[type=number]", str(temperature))
+    page.locator("#temperature input[type=number]").press("Tab")
+    if prefix:
+        page.fill("#answer-prefix textarea", prefix)
+
+
+def chat_text(page) -> str:
+    return page.locator("#chatbot").inner_text()
+
+
+def wait_until_settled(page, timeout: float = 120, quiet_s: float = 3.0) -> list[str]:
+    """Poll the chat until its text stops changing and Gradio is done; returns every distinct text seen."""
+    seen: list[str] = []
+    last_change = time.time()
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        text = chat_text(page)
+        if not seen or text != seen[-1]:
+            seen.append(text)
+            last_change = time.time()
+        generating = page.locator("#chatbot .pending, #chatbot .generating").count() > 0
+        if not generating and time.time() - last_change > quiet_s:
+            return seen
+        time.sleep(0.1)
+    raise AssertionError(f"the chat did not settle in {timeout} s; last text: {seen[-1][-500:]!r}")
+
+
+def test_a_message_streams_an_answer(page):
+    set_chat_settings(page, max_tokens=40)
+    page.fill("#chat-input textarea", "Count from one to twenty, please.")
+    page.locator("#chat-input textarea").press("Enter")
+    page.wait_for_function("document.querySelector('#chatbot').innerText.length > 60", timeout=120_000)
+    page.screenshot(path=str(ARTIFACTS / "chat_while_streaming.png"), full_page=True)
+    seen = wait_until_settled(page)
+    final = seen[-1]
+    assert "Count from one to twenty, please." in final
+    answer = final.split("Count from one to twenty, please.", 1)[1].strip()
+    assert len(answer) > 20, final
+    # Streamed: the answer grew through several intermediate states before it settled.
+    partials = {text for text in seen if "Count from one to twenty" in text and text != final}
+    assert len(partials) >= 3, seen
+    assert "⚠" not in final
+
+
+def test_a_code_cell_shows_with_its_output(page):
+    set_chat_settings(page, max_tokens=60, prefix="I will run it.\n" + FORCED_CALL)
+    page.fill("#chat-input textarea", "What is 6*7? Use Python.")
+    page.click("#send")
+    page.wait_for_function("document.querySelector('#chatbot').innerText.includes('Python cell 1 · ✓ ok')", timeout=120_000)
+    wait_until_settled(page)
+    cell = page.locator("#chatbot .message", has_text="Python cell 1").first
+    text = cell.inner_text()
+    assert "print(6*7)" in text and "stdout" in text and "42" in text
+    # The code is highlighted Python (Gradio's highlighter wraps tokens in spans), not plain text.
+    assert cell.locator("pre code span").count() > 0
+
+
+def test_the_stop_button_cancels_the_generation_on_the_server(page, live_server):
+    set_chat_settings(page, max_tokens=1500, temperature=1.0)
+    page.fill("#chat-input textarea", "Write a very long story about a dragon.")
+    page.click("#send")
+    page.wait_for_function("document.querySelector('#chatbot').innerText.length > 200", timeout=120_000)
+    page.click("#stop")
+    deadline = time.time() + 30
+    while httpx.get(f"{live_server.base_url}/health").json()["engine"]["unfinished"] > 0:
+        assert time.time() < deadline, "the engine still runs the generation 30 s after Stop"
+        time.sleep(0.2)
+    stopped = chat_text(page)
+    time.sleep(2)
+    assert chat_text(page) == stopped  # nothing more arrives
+    assert "dragon" in stopped
+
+
+def test_a_stored_conversation_opens(page, live_server):
+    probe = "Stored-conversation probe: name a color."
+    reply = httpx.post(
+        f"{live_server.base_url}/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": probe}], "max_tokens": 16, "temperature": 0},
+        timeout=120,
+    ).json()
+    conversation_id = reply["conversation_id"]
+    page.click("#refresh-conversations")
+    page.locator("#conversations input").click()
+    page.locator("#conversations [role=option]", has_text="Stored-conversation probe").first.click()
+    page.click("#open-conversation")
+    page.wait_for_function(f"document.querySelector('#chatbot').innerText.includes({probe!r})", timeout=30_000)
+    shown = chat_text(page)
+    message = reply["choices"][0]["message"]
+    if message.get("content"):
+        assert message["content"].strip()[:20] in shown
+    if message.get("reasoning_content"):
+        assert "Reasoning" in shown
+    # Continuing it stores into the same conversation.
+    set_chat_settings(page, max_tokens=8)
+    page.fill("#chat-input textarea", "And another one?")
+    page.click("#send")
+    wait_until_settled(page)
+    stored = httpx.get(f"{live_server.base_url}/v1/conversations/{conversation_id}").json()
+    assert [m["content"] for m in stored["messages"] if m["role"] == "user"] == [probe, "And another one?"]
+
+
+def test_an_eval_run_drills_down_to_a_sample_trajectory(page, live_server, tmp_path):
+    run_id, _ = insert_eval_run(open_database(live_server.settings.resolved_database_url), tmp_path / "run")
+    page.get_by_role("tab", name="Evaluations").click()
+    page.click("#refresh-runs")
+    page.locator("#eval-runs input").click()
+    page.locator("#eval-runs [role=option]").first.click()
+    page.wait_for_function(f"document.querySelector('#run-header').innerText.includes({run_id!r})", timeout=30_000)
+    assert "0.5000" in page.locator("#scores").inner_text()
+    page.wait_for_function("document.querySelector('#plot-scores img')?.naturalWidth === 320", timeout=30_000)
+    page.locator("#samples").get_by_text("2024-I-1", exact=True).filter(visible=True).first.click()
+    page.wait_for_function("document.querySelector('#sample-trajectory').innerText.includes('Grade: ✓ correct')", timeout=30_000)
+    shown = page.locator("#sample-trajectory").inner_text()
+    assert "What is the sum of all positive divisors of 360?" in shown
+    assert "Python cell 1 · ✓ ok · 0.02 s" in shown and "1170" in shown
