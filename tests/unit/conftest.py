@@ -58,7 +58,9 @@ class SyncPool:
 def sandbox_settings():
     from rstar.sandbox.settings import SandboxSettings
 
-    return SandboxSettings(workers=2, timeout_s=2.0, max_processes=16, max_sessions=4)
+    # Each test pool has its own cell uids, apart from the default range (61000+) that servers started in
+    # the same session use, so counting host processes by uid sees only this pool's.
+    return SandboxSettings(workers=2, timeout_s=2.0, max_processes=16, max_sessions=4, uid_base=63000)
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +77,7 @@ def sandbox_small_pool():
 
     settings = SandboxSettings(workers=1, spare_cells=1, timeout_s=2.0, max_output_chars=50, max_output_bytes=20_000,
                                max_queue=2, queue_timeout_s=1.0, max_sessions=2, session_ttl_s=1.0,
-                               max_code_chars=1000, preload=["numpy"])
+                               max_code_chars=1000, preload=["numpy"], uid_base=64000)
     pool = SyncPool(settings)
     yield pool
     pool.close()
