@@ -65,7 +65,7 @@ def chunk_events(chunk: dict[str, Any]) -> list[StreamEvent]:
 
 
 class ApiClient:
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 30.0):
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 10.0):
         self.base_url = base_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout

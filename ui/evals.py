@@ -50,7 +50,7 @@ def build_evals_tab(client: ApiClient, demo: gr.Blocks) -> None:
         runs = gr.Dropdown(label="Eval runs", choices=[], value=None, scale=6, elem_id="eval-runs")
         refresh = gr.Button("↻ Refresh", scale=1, elem_id="refresh-runs")
     header = gr.Markdown(elem_id="run-header")
-    scores = gr.Dataframe(label="Scores", interactive=False, elem_id="scores")
+    scores = gr.Dataframe(headers=["benchmark", "score"], label="Scores", interactive=False, elem_id="scores")
     with gr.Row(elem_id="plots"):
         plots = [gr.Image(label=label, visible=False, interactive=False, height=300, elem_id=f"plot-{name.removesuffix('.png')}") for name, label in PLOTS.items()]
     with gr.Accordion("Report", open=False):

@@ -58,17 +58,33 @@ def browser():
 
 
 @pytest.fixture
-def page(browser, ui_url, request):
-    """A fresh page on the UI, loaded; a screenshot of how the test left it goes to artifacts/e2e/<test>.png."""
+def new_page(browser, request):
+    """Opens pages on a URL; each one's final state is screenshotted to artifacts/e2e/<test>[-n].png, and
+    JavaScript errors on any of them fail the test."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
-    page = context.new_page()
+    opened = []
     page_errors: list[str] = []
-    page.on("pageerror", lambda error: page_errors.append(str(error)))
-    page.goto(ui_url)
-    page.wait_for_selector("#chat-input textarea", timeout=60_000)
-    page.wait_for_function("document.querySelector('#server-status')?.innerText.includes('Connected to')", timeout=30_000)
-    yield page
-    page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
-    context.close()
+
+    def open_page(url: str):
+        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        page = context.new_page()
+        page.on("pageerror", lambda error: page_errors.append(str(error)))
+        page.goto(url)
+        page.wait_for_selector("#chat-input textarea", timeout=60_000)
+        opened.append((context, page))
+        return page
+
+    yield open_page
+    for number, (context, page) in enumerate(opened):
+        suffix = f"-{number}" if number else ""
+        page.screenshot(path=str(ARTIFACTS / f"{request.node.name}{suffix}.png"), full_page=True)
+        context.close()
     assert not page_errors, f"JavaScript errors on the page: {page_errors}"
+
+
+@pytest.fixture
+def page(new_page, ui_url):
+    """The UI on the live server, loaded and connected."""
+    page = new_page(ui_url)
+    page.wait_for_function("document.querySelector('#server-status')?.innerText.includes('Connected to')", timeout=30_000)
+    return page

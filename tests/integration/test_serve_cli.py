@@ -93,6 +93,16 @@ def test_second_server_on_the_same_port_fails_fast(rstar_serve):
     assert time.time() - started < 60  # well before an engine could have loaded
 
 
+def test_serve_prints_and_serves_the_ui(rstar_serve):
+    _, base_url, data_dir = rstar_serve
+    assert f"UI at {base_url}/ui" in (data_dir / "serve.log").read_text()
+    page = httpx.get(f"{base_url}/ui", follow_redirects=True, timeout=30)
+    assert page.status_code == 200 and "<!doctype html>" in page.text.lower()
+    # The page's layout is the rstar UI (its chat and eval components), not some other Gradio app.
+    config = httpx.get(f"{base_url}/ui/config", timeout=30).text
+    assert '"elem_id":"chatbot"' in config and '"elem_id":"sample-trajectory"' in config
+
+
 def test_ctrl_c_stops_the_server_and_its_engine(rstar_serve):
     process, _, data_dir = rstar_serve
     engine_processes = [p for p in psutil.Process(process.pid).children(recursive=True) if p.name().startswith("VLLM::")]
