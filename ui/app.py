@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hmac
+
 import gradio as gr
 from fastapi import FastAPI
 
@@ -51,5 +53,21 @@ def build_ui(endpoint: str, api_key: str | None = None) -> gr.Blocks:
 
 
 def mount_ui(app: FastAPI, endpoint: str, api_key: str | None = None, path: str = UI_PATH) -> FastAPI:
-    """Serve the UI at `path` on an existing FastAPI app (the API's own, for `rstar serve`)."""
-    return gr.mount_gradio_app(app, build_ui(endpoint, api_key), path=path, theme=THEME, css=CSS)
+    """Serve the UI at `path` on an existing FastAPI app (the API's own, for `rstar serve`).
+
+    With an API key the UI asks for it as its password: the UI holds the key and calls the API with it, so
+    an open UI would hand the protected API to anyone who can reach the page.
+    """
+
+    def key_matches(_user: str, password: str) -> bool:
+        return hmac.compare_digest(password.encode(), api_key.encode())
+
+    return gr.mount_gradio_app(
+        app,
+        build_ui(endpoint, api_key),
+        path=path,
+        theme=THEME,
+        css=CSS,
+        auth=key_matches if api_key else None,
+        auth_message="This server requires its API key: enter it as the password (any user name).",
+    )

@@ -1,0 +1,25 @@
+"""The mounted UI: served at /ui, and behind the API key when the server has one."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from rstar.ui.app import mount_ui
+
+NOWHERE = "http://127.0.0.1:9"  # the page's server calls are not exercised here
+
+
+def test_the_ui_is_served_at_ui_with_its_components():
+    with TestClient(mount_ui(FastAPI(), NOWHERE)) as client:
+        assert client.get("/ui/").status_code == 200
+        config = client.get("/ui/config").text
+    assert '"elem_id":"chatbot"' in config and '"elem_id":"eval-runs"' in config
+
+
+def test_with_an_api_key_the_ui_asks_for_it():
+    with TestClient(mount_ui(FastAPI(), NOWHERE, api_key="sekret")) as client:
+        assert client.get("/ui/config").status_code == 401
+        assert client.post("/ui/login", data={"username": "me", "password": "wrong"}).status_code == 400
+        assert client.post("/ui/login", data={"username": "me", "password": "sekret"}).status_code == 200
+        assert '"elem_id":"chatbot"' in client.get("/ui/config").text
