@@ -90,6 +90,9 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option(help="Require this bearer token on /v1. [env: RSTAR_API_KEY]")] = None,
     served_model_name: Annotated[Optional[str], typer.Option(help="Model name clients send. [env: RSTAR_SERVED_MODEL_NAME]")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="Context window. [env: RSTAR_ENGINE__MAX_MODEL_LEN]")] = None,
+    sandbox_url: Annotated[
+        Optional[str], typer.Option(help="Run model code in this `rstar sandbox serve` instead of an in-process sandbox pool. [env: RSTAR_API__SANDBOX_URL]")
+    ] = None,
 ) -> None:
     """Start the OpenAI-compatible API on one engine, with the web UI at /ui (pulls the embedded default model if needed)."""
     import uvicorn
@@ -100,7 +103,10 @@ def serve(
     from rstar.ui.app import UI_PATH, mount_ui
 
     engine_overrides = {"max_model_len": max_model_len} if max_model_len else None
-    settings = load_settings(model=model, host=host, port=port, api_key=api_key, served_model_name=served_model_name, engine=engine_overrides)
+    api_overrides = {"sandbox_url": sandbox_url} if sandbox_url else None
+    settings = load_settings(
+        model=model, host=host, port=port, api_key=api_key, served_model_name=served_model_name, engine=engine_overrides, api=api_overrides
+    )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with _one_line_errors():
         require_vllm()

@@ -149,24 +149,26 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
     async def detokenize_route(body: DetokenizeRequest, request: Request) -> dict:
         return detokenize(request.app.state.serving, body)
 
+    # Conversation routes are plain functions: FastAPI runs them in its thread pool, so database I/O
+    # stays off the event loop that streams tokens.
     @app.get("/v1/conversations", dependencies=authorized)
-    async def list_conversations(request: Request, limit: int = Query(20, ge=1, le=200), offset: int = Query(0, ge=0)) -> dict:
+    def list_conversations(request: Request, limit: int = Query(20, ge=1, le=200), offset: int = Query(0, ge=0)) -> dict:
         return {"object": "list", "data": _store(request).list(limit, offset)}
 
     @app.get("/v1/conversations/export.jsonl", dependencies=authorized)
-    async def export_conversations(request: Request) -> StreamingResponse:
+    def export_conversations(request: Request) -> StreamingResponse:
         # A sync iterator: Starlette runs it in a thread pool, off the event loop.
         return StreamingResponse(_store(request).export_jsonl(), media_type="application/x-ndjson")
 
     @app.get("/v1/conversations/{conversation_id}", dependencies=authorized)
-    async def get_conversation(conversation_id: str, request: Request) -> dict:
+    def get_conversation(conversation_id: str, request: Request) -> dict:
         found = _store(request).get(conversation_id)
         if found is None:
             raise _no_conversation(conversation_id)
         return found
 
     @app.delete("/v1/conversations/{conversation_id}", dependencies=authorized)
-    async def delete_conversation(conversation_id: str, request: Request) -> dict:
+    def delete_conversation(conversation_id: str, request: Request) -> dict:
         if not _store(request).delete(conversation_id):
             raise _no_conversation(conversation_id)
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}

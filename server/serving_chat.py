@@ -44,10 +44,11 @@ class ChatService:
     def __init__(self, serving: Serving):
         self.serving = serving
 
-    def plan(self, request: ChatCompletionRequest) -> AgentPlan:
+    async def plan(self, request: ChatCompletionRequest) -> AgentPlan:
         serving = self.serving
         serving.check_model(request.model)
-        if request.conversation_id is not None and serving.store is not None and not serving.store.exists(request.conversation_id):
+        store = serving.store
+        if request.conversation_id is not None and store is not None and not await asyncio.to_thread(store.exists, request.conversation_id):
             raise APIError(404, f"No conversation with id {request.conversation_id!r}.", "conversation_id", "conversation_not_found")
         limits = Limits(
             n=request.n,
@@ -71,7 +72,7 @@ class ChatService:
     # -- non-streaming --------------------------------------------------------------------------------
 
     async def complete(self, request: ChatCompletionRequest, received_at: float) -> ChatCompletion:
-        plan = self.plan(request)
+        plan = await self.plan(request)
         serving = self.serving
         logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in range(request.n)}
         answers: dict[int, Answer] = {}
@@ -109,7 +110,7 @@ class ChatService:
 
     async def stream(self, request: ChatCompletionRequest, received_at: float) -> AsyncIterator[str]:
         """Validate and admit first (errors become HTTP errors, not a broken stream), then stream SSE events."""
-        plan = self.plan(request)
+        plan = await self.plan(request)
         await self.serving.admission.acquire(request.n)
         return self._sse(request, plan, received_at)
 
