@@ -10,7 +10,8 @@ the checkers' own random draws are seeded per prompt.
 from __future__ import annotations
 
 import random
-from functools import cache
+import types
+from functools import cache, lru_cache
 from pathlib import Path
 from statistics import fmean
 
@@ -58,8 +59,13 @@ def _lm_eval_ifeval():
             "tokenizers/punkt_tab/english/."
         ) from None
     langdetect.DetectorFactory.seed = LANGDETECT_SEED
-    from lm_eval.tasks.ifeval import utils
+    from lm_eval.tasks.ifeval import instructions, utils
 
+    # Seeded, detection is a pure function of the text, so it can be memoized: loose scoring runs each checker
+    # on 8 variants of a response, often identical, and detection is most of IFEval's grading time.
+    instructions.langdetect = types.SimpleNamespace(
+        detect=lru_cache(maxsize=4096)(langdetect.detect), LangDetectException=langdetect.LangDetectException
+    )
     return utils
 
 

@@ -122,3 +122,16 @@ def test_scores_equal_lm_evals_on_the_same_responses(docs):
         assert our_scores[f"inst_level_{level}_acc"] == pytest.approx(expected, abs=1e-12)
     # the variants are varied enough that these numbers test something
     assert 0.05 < our_scores["prompt_level_strict_acc"] < our_scores["prompt_level_loose_acc"] < 0.95
+
+
+def test_language_detection_is_memoized_across_the_loose_variants():
+    from lm_eval.tasks.ifeval import instructions
+
+    lower = doc(["change_case:english_lowercase"], [{}])
+    BENCH.grade(lower, "warm up the checkers", 0)
+    detect = instructions.langdetect.detect
+    detect.cache_clear()
+    grade = BENCH.grade(lower, "all lower case english text about the quiet weather today", 0)
+    # strict + 8 loose variants, most of them the same text: detected once, then served from the cache
+    assert grade.score == 1.0
+    assert detect.cache_info().misses == 1 and detect.cache_info().hits >= 1
