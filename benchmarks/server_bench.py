@@ -90,7 +90,7 @@ def start_servers(model_dir: str, log_dir: Path) -> tuple[Server, Server]:
     vllm_command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name", MODEL_NAME,
         "--port", str(vllm_port), "--host", "127.0.0.1", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "64",
-        "--enforce-eager", "--dtype", "bfloat16", "--seed", "0", "--disable-log-requests",
+        "--enforce-eager", "--dtype", "bfloat16", "--seed", "0",
     ]
     vllm = Server("vllm", vllm_command, engine_env(), vllm_port, log_dir)
     return ours, vllm

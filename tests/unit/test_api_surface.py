@@ -102,7 +102,7 @@ def test_invalid_tools_and_messages_are_400(make_server):
 def test_conversations_are_listed_fetched_continued_exported_and_deleted(make_server):
     client, http, _, _ = make_server(replies=(*TOOL_TURNS, "Second answer."))
     sandbox_of(http).outputs["print(6*7)"] = "42\n"
-    first = client.chat.completions.create(model="scripted", messages=QUESTION)
+    first = client.chat.completions.create(model="scripted", messages=QUESTION, logprobs=True)
     conversation_id = first.conversation_id
     other = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "newer"}])
     listed = http.get("/v1/conversations").json()
@@ -128,6 +128,7 @@ def test_conversations_are_listed_fetched_continued_exported_and_deleted(make_se
     assert with_tool["tool_calls"][0]["stdout"] == "42\n" and 0 in with_tool["response_mask"] and 1 in with_tool["response_mask"]
     assert len(with_tool["response_ids"]) == len(with_tool["response_mask"]) == len(with_tool["logprobs"])
     assert with_tool["messages"] == QUESTION
+    assert mine[1]["logprobs"] is None  # computed only when the request asks for them
 
     assert http.delete(f"/v1/conversations/{conversation_id}").json()["deleted"] is True
     missing = http.get(f"/v1/conversations/{conversation_id}")
