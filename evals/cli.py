@@ -149,7 +149,7 @@ def run_command(
 async def _run(store, settings, run_id: str | None, config: dict, model: str | None, endpoint: str | None, concurrency: int, resuming: bool) -> None:
     from rstar.evals.client import FatalRequestError, HttpChatClient
     from rstar.evals.report import write_run_reports
-    from rstar.evals.runner import execute
+    from rstar.evals.runner import context_problems, execute
 
     async def go(client, model_name: str):
         run = store.get(run_id) if resuming else store.create(run_id, model_name, endpoint or "", list(config["benchmarks"]), config)
@@ -171,8 +171,14 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
     if endpoint:
         client = HttpChatClient(endpoint, settings.api_key or os.environ.get("OPENAI_API_KEY"))
         try:
-            if model is None:
-                model = (await client.models())[0]["id"]
+            models = await client.models()
+            model = model or models[0]["id"]
+            window = next((m.get("max_model_len") for m in models if m["id"] == model), None)
+            if problems := context_problems(config["benchmarks"], window):
+                raise _fail(
+                    f"the server's context window is {window} tokens, too small for {', '.join(problems)}: "
+                    f"pass --max-tokens below {window} (minus the prompt), or serve with a larger --max-model-len"
+                )
             await go(client, model)
         finally:
             await client.close()

@@ -56,6 +56,13 @@ def plan(suite: Iterable[str], overrides: dict[str, Any]) -> dict[str, dict[str,
     return planned
 
 
+def context_problems(benchmarks: dict[str, dict[str, Any]], max_model_len: int | None) -> list[str]:
+    """Benchmarks whose token budget a server with this context window would refuse on every request."""
+    if not max_model_len:
+        return []
+    return [f"{name} (max_tokens {s['max_tokens']})" for name, s in benchmarks.items() if s["max_tokens"] >= max_model_len]
+
+
 def select_docs(docs: list[Doc], limit: int | None) -> list[Doc]:
     """The first `limit` docs, or of each category where docs have one (BFCL: its score is a formula over 17
     categories, so a limited run that took only the first category's docs would exercise one of them)."""
@@ -185,6 +192,8 @@ def summarize(bench: Benchmark, grades: list[Grade], stats: list[SampleStats], e
     per-sample averages behind them."""
     summary: dict[str, Any] = {"primary_metric": bench.primary_metric, "samples": len(grades), "expected_samples": expected}
     summary["complete"] = len(grades) == expected
+    # Samples the server refused (prompt over its context window): stored and scored 0, counted here.
+    summary["refused"] = sum(1 for g in grades if g.details.get("generation_errors"))
     if grades:
         metrics = bench.aggregate(grades)
         summary.update(

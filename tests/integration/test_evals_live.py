@@ -56,6 +56,7 @@ def test_every_benchmark_runs_end_to_end_over_the_api(live_server, tmp_path):
     per_benchmark = Counter(benchmark for benchmark, *_ in keys)
     # --limit 2 takes two docs of each of BFCL's 17 categories
     assert per_benchmark == {"aime24": 2, "aime25": 2, "hmmt_feb_2025": 2, "gpqa_diamond": 2, "ifeval": 2, "bfcl_v3": 34}
+    refusals = Counter()
     for benchmark, doc_id, index, score, request, response, trajectory, tokens, turns in rows:
         request, response, trajectory = json.loads(request), json.loads(response), json.loads(trajectory)
         assert 0.0 <= score <= 1.0 and index == 0
@@ -63,6 +64,7 @@ def test_every_benchmark_runs_end_to_end_over_the_api(live_server, tmp_path):
         assert trajectory["completions"]
         refused = [c for c in trajectory["completions"] if "error" in c]  # prompt over the server's 4096 tokens
         assert turns >= 1 or refused
+        refusals[benchmark] += bool(refused)
         if benchmark != "bfcl_v3":  # text answers: the model wrote something, within the budget
             assert isinstance(response, str) and 0 < tokens <= 64
         else:
@@ -74,6 +76,7 @@ def test_every_benchmark_runs_end_to_end_over_the_api(live_server, tmp_path):
         run = session.get(EvalRun, "e2e")
     assert run.status == "finished" and run.endpoint.startswith(live_server.base_url) and run.model == "SmolLM2-135M-Instruct"
     assert all(entry["complete"] and "score" in entry for entry in run.summary.values())
+    assert {name: entry["refused"] for name, entry in run.summary.items() if entry["refused"]} == {b: n for b, n in refusals.items() if n}
     assert run.summary["bfcl_v3"]["metrics"]["categories"].keys() == set(CATEGORIES)
     assert Path(run.run_dir) == tmp_path / "data" / "evals" / "e2e"
     assert all((Path(run.run_dir) / name).stat().st_size > 0 for name in FILES)

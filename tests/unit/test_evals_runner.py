@@ -100,7 +100,7 @@ def test_a_run_stores_each_sample_once_with_scores_and_counts(store, aime):
     assert summary["stderr"] == pytest.approx(0.5 / 3**0.5)  # sd of (1, .5, 0) over sqrt(3 docs)
     assert summary["metrics"]["pass_at_k"] == pytest.approx(2 / 3)
     assert summary["metrics"]["pass_at"] == {"1": pytest.approx(0.5)}
-    assert (summary["samples"], summary["expected_samples"], summary["complete"]) == (6, 6, True)
+    assert (summary["samples"], summary["expected_samples"], summary["complete"], summary["refused"]) == (6, 6, True, 0)
     assert summary["mean_prompt_tokens"] == 20 and summary["mean_num_turns"] == 1
     with store.sessions() as session:
         row = session.query(EvalSample).filter_by(run_id=run.id, doc_id=aime[0]["id"], sample_index=1).one()
@@ -230,3 +230,11 @@ def test_list_show_and_compare_commands(store, aime, tmp_path):
     assert taken.exit_code == 2 and "--resume first-run" in taken.output
     changed = runner.invoke(eval_app, ["run", "--resume", "first-run", "--samples", "3", "--database-url", url])
     assert changed.exit_code == 2 and "--samples 3" in changed.output
+
+
+def test_a_budget_the_server_cannot_hold_is_caught_before_the_run():
+    from rstar.evals.runner import context_problems
+
+    planned = plan(["aime24", "ifeval"], {})
+    assert context_problems(planned, 8192) == ["aime24 (max_tokens 30720)"]  # IFEval's 1280 fits
+    assert context_problems(planned, 32768) == [] and context_problems(planned, None) == []
