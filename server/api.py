@@ -25,7 +25,7 @@ from rstar.server.conversations import ConversationStore
 from rstar.server.db import open_database
 from rstar.server.engine import TokenEngine
 from rstar.server.errors import APIError, error_body, install_error_handlers
-from rstar.server.limits import Admission, BodySizeLimit, ClientDisconnected, cancel_on_disconnect
+from rstar.server.limits import Admission, AdmittedStream, BodySizeLimit, ClientDisconnected, cancel_on_disconnect
 from rstar.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
 from rstar.server.routes_evals import evals_router
 from rstar.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard, ModelList, TokenizeRequest
@@ -194,8 +194,22 @@ async def _unless_disconnected(request: Request, work: Awaitable):
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
 
 
-def _event_stream(request: Request, events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(_guard_stream(events, request.app.state.serving.metrics), media_type="text/event-stream")
+def _event_stream(request: Request, events: AdmittedStream) -> StreamingResponse:
+    return _EventStream(events, request.app.state.serving.metrics)
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response that closes its events however it ends, releasing what they hold."""
+
+    def __init__(self, events: AdmittedStream, metrics: ServerMetrics):
+        self.events = events
+        super().__init__(_guard_stream(events, metrics), media_type="text/event-stream")
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.events.aclose()
 
 
 async def _guard_stream(events: AsyncIterator[str], metrics: ServerMetrics) -> AsyncIterator[str]:

@@ -76,6 +76,36 @@ class Admission:
             await self.release(count)
 
 
+class AdmittedStream:
+    """SSE events that hold admission slots until they end or are closed.
+
+    A stream's slots are taken before its response starts (so a full server answers 429, not a broken
+    stream); the response closes this object whatever happens, even when the client left before the
+    first event and the events never started, which an async generator's own `finally` would miss."""
+
+    def __init__(self, admission: Admission, slots: int, events: AsyncIterator[str]):
+        self.admission, self.slots, self.events = admission, slots, events
+        self._held = True
+
+    def __aiter__(self) -> "AdmittedStream":
+        return self
+
+    async def __anext__(self) -> str:
+        try:
+            return await anext(self.events)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        try:
+            await self.events.aclose()
+        finally:
+            if self._held:
+                self._held = False
+                await self.admission.release(self.slots)
+
+
 async def with_deadline(events: AsyncIterator[T], deadline: float, timeout_s: float) -> AsyncIterator[T]:
     """Pass `events` through until the monotonic `deadline`; then close them and raise RequestTimeout."""
     async with contextlib.aclosing(events):

@@ -8,13 +8,14 @@ the standard way (`tool_calls`, finish_reason `tool_calls`), with arguments stre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
 
 from rstar.server.agent_loop import TokensSampled
 from rstar.server.errors import APIError
-from rstar.server.limits import RequestTimeout, with_deadline
+from rstar.server.limits import AdmittedStream, RequestTimeout, with_deadline
 from rstar.server.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -108,11 +109,11 @@ class ChatService:
 
     # -- streaming ------------------------------------------------------------------------------------
 
-    async def stream(self, request: ChatCompletionRequest, received_at: float) -> AsyncIterator[str]:
+    async def stream(self, request: ChatCompletionRequest, received_at: float) -> AdmittedStream:
         """Validate and admit first (errors become HTTP errors, not a broken stream), then stream SSE events."""
         plan = await self.plan(request)
         await self.serving.admission.acquire(request.n)
-        return self._sse(request, plan, received_at)
+        return AdmittedStream(self.serving.admission, request.n, self._sse(request, plan, received_at))
 
     async def _sse(self, request: ChatCompletionRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[str]:
         serving = self.serving
@@ -133,12 +134,12 @@ class ChatService:
             entries, pending_logprobs[index] = pending_logprobs[index], []
             return ChoiceLogprobs(content=entries)
 
-        try:
-            for index in range(request.n):
-                first = {"conversation_id": conversation_id} if index == 0 else {}
-                yield event([ChunkChoice(index=index, delta=ChoiceDelta(role="assistant", content=""))], **first)
-            events = with_deadline(run_choices(serving, plan, chunk_id, received_at), time.monotonic() + serving.settings.api.request_timeout_s,
-                                   serving.settings.api.request_timeout_s)
+        for index in range(request.n):
+            first = {"conversation_id": conversation_id} if index == 0 else {}
+            yield event([ChunkChoice(index=index, delta=ChoiceDelta(role="assistant", content=""))], **first)
+        timeout = serving.settings.api.request_timeout_s
+        # Closed here, not left to the garbage collector: closing is what aborts the generations.
+        async with contextlib.aclosing(with_deadline(run_choices(serving, plan, chunk_id, received_at), time.monotonic() + timeout, timeout)) as events:
             async for answer, pieces in events:
                 answers[answer.index] = answer
                 for piece in pieces:
@@ -160,8 +161,6 @@ class ChatService:
                     )
                     top = {"prompt_token_ids": answer.trajectory.prompt_ids} if ids else {}
                     yield event([row], **top)
-        finally:
-            await serving.admission.release(request.n)
         ordered = [answers[i] for i in range(request.n)]
         await self._store(request, ordered, conversation_id)
         if request.stream_options and request.stream_options.include_usage:

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from rstar.server.engine import SamplingOptions, TokenDelta
 from rstar.server.errors import APIError
-from rstar.server.limits import RequestTimeout, with_deadline
+from rstar.server.limits import AdmittedStream, RequestTimeout, with_deadline
 from rstar.server.schemas import (
     Completion,
     CompletionChoice,
@@ -122,10 +123,10 @@ class CompletionService:
             token_ids=choice.token_ids if request.return_token_ids and final else None,
         )
 
-    async def stream(self, request: CompletionRequest, received_at: float) -> AsyncIterator[str]:
+    async def stream(self, request: CompletionRequest, received_at: float) -> AdmittedStream:
         prompt_ids, options = self.prepare(request)
         await self.serving.admission.acquire(request.n)
-        return self._sse(request, prompt_ids, options, received_at)
+        return AdmittedStream(self.serving.admission, request.n, self._sse(request, prompt_ids, options, received_at))
 
     async def _sse(self, request: CompletionRequest, prompt_ids: list[int], options: list[SamplingOptions], received_at: float) -> AsyncIterator[str]:
         completion_id = new_id("cmpl")
@@ -135,15 +136,13 @@ class CompletionService:
         def event(completion: Completion) -> str:
             return f"data: {completion.model_dump_json(exclude_none=True)}\n\n"
 
-        try:
-            generations = with_deadline(self._generations(prompt_ids, options, completion_id), time.monotonic() + timeout, timeout)
+        generations = with_deadline(self._generations(prompt_ids, options, completion_id), time.monotonic() + timeout, timeout)
+        async with contextlib.aclosing(generations):  # closing aborts the generations
             async for index, delta in generations:
                 choice = choices[index]
                 text = self._accumulate(choice, delta, received_at)
                 # Logprobs and token ids travel once, with the choice's last chunk.
                 yield event(Completion(id=completion_id, model=request.model, choices=[self._wire_choice(request, choice, text, delta.finished)]))
-        finally:
-            await self.serving.admission.release(request.n)
         usage = self._usage(prompt_ids, choices)
         if request.stream_options and request.stream_options.include_usage:
             yield event(Completion(id=completion_id, model=request.model, choices=[], usage=usage))

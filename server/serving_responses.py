@@ -9,6 +9,7 @@ builder and returns its final response, so both agree by construction.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -17,7 +18,7 @@ from typing import Any
 
 from rstar.server.agent_loop import TokensSampled
 from rstar.server.errors import APIError
-from rstar.server.limits import with_deadline
+from rstar.server.limits import AdmittedStream, with_deadline
 from rstar.server.schemas import CodeCell
 from rstar.server.schemas_responses import FunctionTool, ResponsesRequest
 from rstar.server.serving_agent import AgentPlan, Answer, Limits, Serving, plan_agent, run_choices
@@ -223,34 +224,33 @@ class ResponsesService:
             yield event
         timeout = self.serving.settings.api.request_timeout_s
         answers = with_deadline(run_choices(self.serving, plan, response_id, received_at), time.monotonic() + timeout, timeout)
-        async for answer, pieces in answers:
-            for piece in pieces:
-                if not isinstance(piece, TokensSampled):
-                    for event in builder.piece(answer, piece):
+        async with contextlib.aclosing(answers):  # closing aborts the generation and its tool runs
+            async for answer, pieces in answers:
+                for piece in pieces:
+                    if not isinstance(piece, TokensSampled):
+                        for event in builder.piece(answer, piece):
+                            yield event
+                if answer.trajectory is not None:
+                    for event in builder.finish(answer, plan.prompt_len):
                         yield event
-            if answer.trajectory is not None:
-                for event in builder.finish(answer, plan.prompt_len):
-                    yield event
 
     async def create(self, request: ResponsesRequest, received_at: float) -> dict:
         plan = self.plan(request)
         final = None
-        async with self.serving.admission.slots(1):
-            async for event in self._events(request, plan, received_at):
+        async with self.serving.admission.slots(1), contextlib.aclosing(self._events(request, plan, received_at)) as events:
+            async for event in events:
                 final = event
         if final is None or "response" not in final:
             raise APIError(500, "the response ended without a result")
         return final["response"]
 
-    async def stream(self, request: ResponsesRequest, received_at: float) -> AsyncIterator[str]:
+    async def stream(self, request: ResponsesRequest, received_at: float) -> AdmittedStream:
         plan = self.plan(request)
         await self.serving.admission.acquire(1)
-        return self._sse(request, plan, received_at)
+        return AdmittedStream(self.serving.admission, 1, self._sse(request, plan, received_at))
 
     async def _sse(self, request: ResponsesRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[str]:
-        try:
-            async for event in self._events(request, plan, received_at):
+        async with contextlib.aclosing(self._events(request, plan, received_at)) as events:
+            async for event in events:
                 yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-        finally:
-            await self.serving.admission.release(1)
 

@@ -249,3 +249,21 @@ def test_health_reports_the_sandbox_and_version_answers(make_server):
     sandbox_of(http).closed = True
     assert http.get("/health").json()["status"] == "degraded"
     assert http.get("/version").json()["version"]
+
+
+def test_a_stream_that_never_started_still_gives_back_its_slots():
+    from rstar.server.limits import Admission, AdmittedStream
+
+    async def main():
+        admission = Admission(max_running=2, max_waiting=0, wait_timeout_s=1, retry_after_s=1)
+
+        async def events():
+            yield "data: never sent\n\n"
+
+        await admission.acquire(2)
+        stream = AdmittedStream(admission, 2, events())
+        await stream.aclose()  # the response closed it before the first event (client already gone)
+        await stream.aclose()  # and closing twice gives back nothing twice
+        return admission.running
+
+    assert asyncio.run(main()) == 0
