@@ -62,7 +62,8 @@ def _plots(run_dir: Path, summary: dict[str, dict[str, Any]], stats: list[Sample
     fig, ax = plt.subplots(figsize=(max(4, 1.3 * len(names)), 3.5))
     scores = [100 * summary[n].get("score", 0.0) for n in names]
     errors = [100 * (summary[n].get("stderr") or 0.0) for n in names]
-    ax.bar(names, scores, yerr=errors, capsize=4, color="steelblue")
+    bars = ax.bar(names, scores, yerr=errors, capsize=4, color="steelblue")
+    ax.bar_label(bars, labels=[f"{score:.1f}" for score in scores], padding=2)
     ax.set_ylabel("score (%)")
     ax.set_ylim(0, 100)
     ax.set_title("Primary metric per benchmark (± 1 s.e.)")
@@ -76,14 +77,16 @@ def _plots(run_dir: Path, summary: dict[str, dict[str, Any]], stats: list[Sample
         ("tool_calls.png", "num_tool_calls", "tool calls per sample"),
     ):
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        for name in names:
-            values = [getattr(s, key) for s in stats if s.benchmark == name]
-            if values:
-                ax.hist(values, bins=min(30, max(1, len(set(values)))), alpha=0.6, label=name)
+        present = [n for n in names if any(s.benchmark == n for s in stats)]
+        if present:
+            values = [[getattr(s, key) for s in stats if s.benchmark == n] for n in present]
+            top = max(max(v) for v in values)
+            # Shared bins, so the benchmarks' bars line up; small counts get one bin per integer.
+            bins = [b - 0.5 for b in range(top + 2)] if top < 30 else 30
+            ax.hist(values, bins=bins, label=present)
+            ax.legend(fontsize="small")
         ax.set_xlabel(label)
         ax.set_ylabel("samples")
-        if stats:
-            ax.legend(fontsize="small")
         fig.tight_layout()
         fig.savefig(run_dir / filename, dpi=100)
         plt.close(fig)
