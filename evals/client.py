@@ -184,8 +184,9 @@ class HttpChatClient:
             "top_p": params.top_p,
             "max_tokens": params.max_tokens,
             "builtin_tools": builtin,
-            "max_turns": params.max_turns if builtin else 1,
         }
+        if builtin:  # without built-in tools the first turn is the answer (or ends at the client's tool calls)
+            body["max_turns"] = params.max_turns
         if params.seed is not None:
             body["seed"] = params.seed
         if params.tool_timeout is not None:

@@ -308,13 +308,18 @@ async def execute(
             progress.advance(work.bench.name, grade.score)
 
     status = "interrupted"
+    workers = [asyncio.create_task(worker()) for _ in range(max(1, concurrency))]
     try:
-        await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+        await asyncio.gather(*workers)
         status = "finished" if counts["failed"] == 0 else "failed"
     except FatalRequestError:
         status = "failed"
         raise
     finally:
+        # A fatal error or a cancellation stops every worker: no request goes out after it.
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
         try:
             summary = await loop.run_in_executor(writer, _summaries, store, run.id, expected)
             summary_fields = {"summary": summary, "status": status}

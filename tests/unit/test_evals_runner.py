@@ -139,8 +139,13 @@ def test_a_fatal_endpoint_error_stops_the_run(store, aime):
     with pytest.raises(FatalRequestError):
         asyncio.run(execute(store, run, client, concurrency=1, docs={"aime24": aime}))
     assert store.get(run.id).status == "failed"
-    assert client.calls == 3  # no further requests after the refusal
-    assert len(stored_keys(store, run.id)) == 2
+    assert client.calls == 3 and len(stored_keys(store, run.id)) == 2
+    # with several in flight, the others are cancelled and no request goes out after the refusal
+    run = new_run(store)
+    client = aime_client(aime, fail_after=2, error=FatalRequestError("401 bad key"))
+    with pytest.raises(FatalRequestError):
+        asyncio.run(execute(store, run, client, concurrency=3, docs={"aime24": aime}))
+    assert client.calls == 3 and store.get(run.id).status == "failed"
 
 
 def test_an_interrupted_run_keeps_what_it_stored(store, aime):
