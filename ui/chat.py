@@ -141,10 +141,11 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
         # Each yield carries the state as it stands, so a stop keeps the partial answer in the history.
         progress = {**state, "messages": [*state["messages"], user], "display": shown}
         yield shown + turn_messages(turn, streaming=True), progress, "", ""
+        stored_as = None
         try:
             async for event in client.stream_chat(payload):
                 if event.kind == "started":
-                    progress["conversation_id"] = event.value or progress["conversation_id"]
+                    stored_as = event.value
                     continue
                 if event.kind == "reasoning":
                     turn.add_reasoning(event.value)
@@ -156,6 +157,9 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
                     turn.finish_reason = event.value
                 progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": shown + turn_messages(turn)}
                 yield shown + turn_messages(turn, streaming=True), progress, gr.skip(), ""
+            # The server stores the exchange once the answer is complete; a stopped one may not exist there,
+            # so only a finished stream's id is sent back next time.
+            progress["conversation_id"] = stored_as or progress["conversation_id"]
         except ApiError as exc:
             turn.error = str(exc)
         except Exception as exc:  # the page gets one line; the log keeps the traceback

@@ -3,7 +3,9 @@ with its output (the forced tool-call path), the stop button, a stored conversat
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import httpx
 
@@ -16,7 +18,8 @@ FORCED_CALL = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments"
 
 
 def set_chat_settings(page, max_tokens: int, temperature: float = 0.0, prefix: str = "") -> None:
-    page.locator("#chat-settings").get_by_text("Settings").click()
+    if not page.locator("#max-tokens input").is_visible():
+        page.locator("#chat-settings").get_by_text("Settings").click()
     page.fill("#max-tokens input", str(max_tokens))
     page.locator("#max-tokens input").press("Tab")
     page.fill("#temperature input[type=number]", str(temperature))
@@ -90,6 +93,12 @@ def test_the_stop_button_cancels_the_generation_on_the_server(page, live_server)
     time.sleep(2)
     assert chat_text(page) == stopped  # nothing more arrives
     assert "dragon" in stopped
+    # The chat goes on after a stop (the stopped answer was never stored, so this starts a new conversation).
+    set_chat_settings(page, max_tokens=8, temperature=0.0)
+    page.fill("#chat-input textarea", "Thanks, that is enough.")
+    page.click("#send")
+    final = wait_until_settled(page)[-1]
+    assert "Thanks, that is enough." in final and "⚠" not in final
 
 
 def test_a_stored_conversation_opens(page, live_server):
@@ -118,6 +127,17 @@ def test_a_stored_conversation_opens(page, live_server):
     wait_until_settled(page)
     stored = httpx.get(f"{live_server.base_url}/v1/conversations/{conversation_id}").json()
     assert [m["content"] for m in stored["messages"] if m["role"] == "user"] == [probe, "And another one?"]
+    # Export as JSON downloads the open chat.
+    page.click("#export-conversation")
+    with page.expect_download() as download:
+        page.locator("#export-file a").first.click()
+    exported = json.loads(Path(download.value.path()).read_text())
+    assert exported["conversation_id"] == conversation_id
+    assert [m["content"] for m in exported["messages"] if m["role"] == "user"] == [probe, "And another one?"]
+    # Delete removes it on the server.
+    page.click("#delete-conversation")
+    page.wait_for_function("!document.querySelector('#chatbot').innerText.includes('And another one?')", timeout=30_000)
+    assert httpx.get(f"{live_server.base_url}/v1/conversations/{conversation_id}").status_code == 404
 
 
 def test_an_eval_run_drills_down_to_a_sample_trajectory(page, live_server, tmp_path):
