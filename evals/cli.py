@@ -206,7 +206,7 @@ def _summary_table(run) -> Table:
 
     table = Table(title=f"{run.id}  {run.model}  [{run.status}]")
     for column in ("benchmark", "metric", "score ± s.e. (%)", "samples", "tokens", "turns", "tool calls"):
-        table.add_column(column, justify="left" if column in ("benchmark", "metric") else "right")
+        table.add_column(column, justify="left" if column in ("benchmark", "metric") else "right", overflow="fold")
     for name, entry in (run.summary or {}).items():
         means = [f"{entry[key]:.1f}" if key in entry else "-" for key in ("mean_completion_tokens", "mean_num_turns", "mean_num_tool_calls")]
         table.add_row(name, entry["primary_metric"], score_text(entry), f"{entry['samples']}/{entry['expected_samples']}", *means)
@@ -232,7 +232,7 @@ def list_command(database_url: DatabaseOpt = None) -> None:
     """Every run, newest first."""
     table = Table()
     for column in ("run", "created", "status", "model", "suite", "samples"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for run, count in _store(database_url).runs():
         table.add_row(run.id, f"{run.created_at:%Y-%m-%d %H:%M}", run.status, run.model, ",".join(run.suite), str(count))
     _out().print(table)
@@ -271,7 +271,7 @@ def compare_command(run_a: str, run_b: str, database_url: DatabaseOpt = None) ->
             raise _fail(f"no eval run {run_id!r}")
     table = Table(title=f"A = {run_a} ({runs[0].model}), B = {run_b} ({runs[1].model})")
     for column in ("benchmark", "metric", "A (%)", "B (%)", "B - A", "z"):
-        table.add_column(column, justify="left" if column in ("benchmark", "metric") else "right")
+        table.add_column(column, justify="left" if column in ("benchmark", "metric") else "right", overflow="fold")
     for name in dict.fromkeys([*runs[0].summary, *runs[1].summary]):
         a, b = runs[0].summary.get(name, {}), runs[1].summary.get(name, {})
         if "score" in a and "score" in b:
