@@ -210,8 +210,9 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
 
     settings = [model, temperature, max_tokens, max_turns, tools, system, prefix]
     outputs = [chatbot, state, box, alert]
-    submitted = box.submit(respond, [box, state, *settings], outputs)
-    clicked = send.click(respond, [box, state, *settings], outputs)
+    # Progress shows on the chat only: the input box stays usable for the next message.
+    submitted = box.submit(respond, [box, state, *settings], outputs, show_progress_on=chatbot)
+    clicked = send.click(respond, [box, state, *settings], outputs, show_progress_on=chatbot)
     for event in (submitted, clicked):
         event.then(list_conversations, conversations, [conversations, alert])
     # Cancelling the handler's task closes its HTTP stream, and the server aborts the generation.
