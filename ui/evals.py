@@ -75,19 +75,20 @@ def build_evals_tab(client: ApiClient, demo: gr.Blocks) -> None:
 
     async def show_run(run_id):
         if not run_id:
-            return "", None, *[gr.update(visible=False)] * len(PLOTS), "", gr.update(choices=[], value=None), [], ""
+            return "", None, *[gr.update(visible=False)] * len(PLOTS), "", gr.update(choices=[], value=None), [], [], ""
         try:
             run = await client.eval_run(run_id)
             images = {name: Image.open(io.BytesIO(await client.eval_file(run_id, name))) for name in PLOTS if name in run["files"]}
             report_text = (await client.eval_file(run_id, "report.md")).decode() if "report.md" in run["files"] else "*(no report yet)*"
             listed = await client.eval_samples(run_id, limit=PAGE_SIZE)
         except ApiError as exc:
-            return gr.skip(), gr.skip(), *[gr.skip()] * len(PLOTS), gr.skip(), gr.skip(), gr.skip(), notice(str(exc))
+            return gr.skip(), gr.skip(), *[gr.skip()] * len(PLOTS), gr.skip(), gr.skip(), gr.skip(), gr.skip(), notice(str(exc))
         headers, rows = scores_table(run.get("summary") or {})
         table = {"headers": headers, "data": rows} if rows else None
         benchmarks = sorted(run.get("samples") or {})
         shown = [gr.update(value=images.get(name), visible=name in images) for name in PLOTS]
-        return run_header(run), table, *shown, report_text, gr.update(choices=["(all)", *benchmarks], value="(all)"), sample_rows(listed["data"]), ""
+        # The previous run's open sample goes: the drill-down always belongs to the run shown above it.
+        return run_header(run), table, *shown, report_text, gr.update(choices=["(all)", *benchmarks], value="(all)"), sample_rows(listed["data"]), [], ""
 
     async def list_samples(run_id, name, page_number):
         if not run_id:
@@ -113,7 +114,7 @@ def build_evals_tab(client: ApiClient, demo: gr.Blocks) -> None:
         return evt.row_value[0]
 
     refresh.click(list_runs, runs, [runs, alert])
-    runs.change(show_run, runs, [header, scores, *plots, report, benchmark, samples, alert])
+    runs.change(show_run, runs, [header, scores, *plots, report, benchmark, samples, trajectory, alert])
     benchmark.input(list_samples, [runs, benchmark, page], [samples, alert])
     page.submit(list_samples, [runs, benchmark, page], [samples, alert])
     samples.select(pick_row, None, sample_id).then(show_sample, [runs, sample_id], [trajectory, alert])

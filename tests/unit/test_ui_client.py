@@ -107,3 +107,26 @@ def test_no_server_is_a_hint_not_a_traceback():
         asyncio.run(client.models())
     with pytest.raises(ApiError, match="Cannot reach the server"):
         asyncio.run(anext(client.stream_chat({})))
+
+
+def test_a_server_that_accepts_but_does_not_answer_reads_as_still_loading():
+    # `rstar serve` holds its port from the start, while the engine loads: connections wait, unanswered.
+    with socket.socket() as loading:
+        loading.bind(("127.0.0.1", 0))
+        loading.listen(8)
+        client = ApiClient(f"http://127.0.0.1:{loading.getsockname()[1]}", timeout=0.5)
+        with pytest.raises(ApiError, match=r"did not answer in time \(still loading the model\?\)"):
+            asyncio.run(client.health())
+
+
+def test_the_status_line_names_a_degraded_sandbox():
+    from rstar.ui.app import server_status
+
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "degraded", "model": "m", "sandbox": {"status": "unreachable", "detail": "connection refused"}}
+
+    line = run_against(app, server_status)
+    assert line.startswith("Connected to `http://127.0.0.1:") and "model `m`" in line and line.endswith("⚠ sandbox: unreachable")
