@@ -54,11 +54,13 @@ class ConversationStore:
         replies: list[dict[str, Any]],
         conversation_id: str | None = None,
         trajectories: Sequence[Trajectory] = (),
+        timings: Sequence[dict[str, Any]] = (),
     ) -> str:
         """Store the request's messages and the model's replies, with the answers' trajectories.
 
         conversation_id: an existing conversation gets these messages in place of its own; an unknown id
         becomes the id of a new conversation (a stream announces the id before the answer is stored).
+        timings: per trajectory, request-level times (time to first token, duration), kept beside it.
         """
         with self.sessions() as session:
             conversation = session.get(Conversation, conversation_id) if conversation_id else None
@@ -71,13 +73,14 @@ class ConversationStore:
             for position, message in enumerate([*messages, *replies]):
                 extra = {key: value for key, value in message.items() if key not in ("role", "content") and value is not None}
                 conversation.messages.append(Message(position=position, role=message["role"], content=_content(message), extra=extra))
-            for choice, trajectory in enumerate(trajectories):
+            timings = list(timings) or [{}] * len(trajectories)
+            for choice, (trajectory, timing) in enumerate(zip(trajectories, timings)):
                 conversation.trajectories.append(
                     StoredTrajectory(
                         choice=choice,
                         model=model,
                         messages=messages,
-                        trajectory=trajectory.to_dict(),
+                        trajectory={**trajectory.to_dict(), "timings": timing},
                         stop_reason=trajectory.stop_reason,
                         num_turns=len(trajectory.turns),
                         num_tool_calls=len(trajectory.tool_calls),

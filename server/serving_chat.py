@@ -88,7 +88,7 @@ class ChatService:
             except TimeoutError:
                 raise RequestTimeout(timeout) from None
         ordered = [answers[i] for i in range(request.n)]
-        conversation_id = await self._store(request, ordered)
+        conversation_id = await self._store(request, ordered, received_at)
         return ChatCompletion(
             model=request.model,
             choices=[
@@ -162,7 +162,7 @@ class ChatService:
                     top = {"prompt_token_ids": answer.trajectory.prompt_ids} if ids else {}
                     yield event([row], **top)
         ordered = [answers[i] for i in range(request.n)]
-        await self._store(request, ordered, conversation_id)
+        await self._store(request, ordered, received_at, conversation_id)
         if request.stream_options and request.stream_options.include_usage:
             yield event([], _usage(plan, ordered))
         yield "data: [DONE]\n\n"
@@ -189,7 +189,9 @@ class ChatService:
             )
         return entries
 
-    async def _store(self, request: ChatCompletionRequest, answers: list[Answer], conversation_id: str | None = None) -> str | None:
+    async def _store(
+        self, request: ChatCompletionRequest, answers: list[Answer], received_at: float, conversation_id: str | None = None
+    ) -> str | None:
         """Keep the exchange (unless opted out); returns the conversation id, or None when not stored."""
         serving = self.serving
         if not serving.store_requested(request.store):
@@ -203,10 +205,20 @@ class ChatService:
                 [reply],
                 conversation_id=conversation_id or request.conversation_id,
                 trajectories=[a.trajectory for a in answers],
+                timings=[_timings(a, received_at) for a in answers],
             )
         except Exception:  # losing the log of an answer must not lose the answer itself
             log.exception("could not store the conversation")
             return None
+
+
+def _timings(answer: Answer, received_at: float) -> dict:
+    """Request-level times of one answer (tool calls carry their own in the trajectory)."""
+    first = answer.first_token_at
+    return {
+        "time_to_first_token_s": None if first is None else round(first - received_at, 6),
+        "duration_s": round(time.monotonic() - received_at, 6),
+    }
 
 
 def _message(answer: Answer) -> AssistantMessage:

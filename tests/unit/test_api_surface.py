@@ -129,6 +129,8 @@ def test_conversations_are_listed_fetched_continued_exported_and_deleted(make_se
     assert len(with_tool["response_ids"]) == len(with_tool["response_mask"]) == len(with_tool["logprobs"])
     assert with_tool["messages"] == QUESTION
     assert mine[1]["logprobs"] is None  # computed only when the request asks for them
+    assert 0 < with_tool["timings"]["time_to_first_token_s"] <= with_tool["timings"]["duration_s"]
+    assert with_tool["tool_calls"][0]["wall_s"] >= 0 and with_tool["tool_calls"][0]["started_at"] > 0
 
     assert http.delete(f"/v1/conversations/{conversation_id}").json()["deleted"] is True
     missing = http.get(f"/v1/conversations/{conversation_id}")
