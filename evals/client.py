@@ -46,7 +46,9 @@ class Completion:
     turns: int  # assistant turns the answer took
     code_calls: int  # built-in tool executions inside the answer
     finish_reason: str | None
-    raw: dict  # the wire response (HTTP) or the trajectory (in-process), stored with the sample
+    # The answer as a trajectory in the server's Trajectory shape (turns, tool_calls, stop_reason): the agent
+    # loop's own, token ids included, in process; over HTTP, built from the response, which it keeps whole.
+    trajectory: dict
     error: str | None = None  # the request was refused for a reason a retry cannot fix (context too long)
 
 
@@ -72,15 +74,27 @@ class Sample:
 
     response: Any  # text; the calls (BFCL single-turn); per user turn, per step, the calls (BFCL multi-turn)
     request: dict
-    trajectory: dict
+    requests: list[dict] = field(default_factory=list)  # one trajectory per chat request the sample took
     prompt_tokens: int = 0
     completion_tokens: int = 0
     num_turns: int = 0
     num_tool_calls: int = 0
     errors: list[str] = field(default_factory=list)
 
+    @property
+    def trajectory(self) -> dict:
+        """What is stored as the sample's trajectory: the one request's, or for a sample of several requests
+        (BFCL multi-turn) their turns and calls in order, each request's trajectory kept under `requests`."""
+        if len(self.requests) == 1:
+            return self.requests[0]
+        turns, calls = [], []
+        for part in self.requests:
+            calls += [{**call, "turn": call["turn"] + len(turns)} for call in part.get("tool_calls", [])]
+            turns += part.get("turns", [])
+        return {"turns": turns, "tool_calls": calls, "stop_reason": self.requests[-1].get("stop_reason") if self.requests else None, "requests": self.requests}
+
     def add(self, completion: Completion) -> None:
-        self.trajectory.setdefault("completions", []).append(completion.raw)
+        self.requests.append(completion.trajectory)
         self.prompt_tokens += completion.prompt_tokens
         self.completion_tokens += completion.completion_tokens
         self.num_turns += completion.turns
@@ -90,7 +104,7 @@ class Sample:
 
 
 async def generate(client: ChatClient, prompt: Prompt, params: GenerationParams, env: Environment | None = None) -> Sample:
-    sample = Sample(response=None, request={"messages": prompt.messages, "tools": prompt.tools, "params": asdict(params)}, trajectory={})
+    sample = Sample(response=None, request={"messages": prompt.messages, "tools": prompt.tools, "params": asdict(params)})
     if env is None:
         completion = await client.complete(prompt.messages, prompt.tools, params)
         sample.add(completion)
@@ -124,7 +138,7 @@ async def _multi_turn(client: ChatClient, prompt: Prompt, params: GenerationPara
                 messages.append({"role": "assistant", "content": completion.content})
                 break
             steps.append(completion.tool_calls)
-            ids = [call.get("id") or f"call_{len(sample.trajectory['completions'])}_{i}" for i, call in enumerate(completion.tool_calls)]
+            ids = [call.get("id") or f"call_{len(sample.requests)}_{i}" for i, call in enumerate(completion.tool_calls)]
             messages.append({"role": "assistant", "content": completion.content, "tool_calls": [_wire_call(i, c) for i, c in zip(ids, completion.tool_calls)]})
             messages += [{"role": "tool", "tool_call_id": i, "content": str(result)} for i, result in zip(ids, results)]
         else:
@@ -207,7 +221,8 @@ class HttpChatClient:
                 if response.status_code < 400:
                     return parse_completion(response.json())
                 if response.status_code == 400 and _error_code(response) == "context_length_exceeded":
-                    return Completion("", [], 0, 0, 0, 0, "length", {"error": response.json()}, error="context_length_exceeded")
+                    refused = {"turns": [], "tool_calls": [], "stop_reason": "length", "error": response.json()}
+                    return Completion("", [], 0, 0, 0, 0, "length", refused, error="context_length_exceeded")
                 if response.status_code != 429 and response.status_code < 500:
                     raise FatalRequestError(f"{self.url} answered {response.status_code}: {response.text[:500]}")
                 if attempt == self.retries:
@@ -221,6 +236,26 @@ def _error_code(response: httpx.Response) -> str | None:
         return response.json()["error"].get("code")
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def http_trajectory(data: dict) -> dict:
+    """A chat response in the Trajectory shape, for readers of stored samples (the UI): the answer as one turn
+    (reasoning in its <reason> block), its code cells and client calls as tool-call records; no token ids."""
+    choice = data["choices"][0]
+    message = choice.get("message") or {}
+    reasoning = message.get("reasoning_content")
+    text = (f"<reason>{reasoning}</reason>" if reasoning else "") + (message.get("content") or "")
+    cells = [
+        {"turn": 0, "index": cell.get("index", i), "raw": cell.get("code", ""), "name": cell.get("name"), "arguments": {"code": cell.get("code", "")},
+         "exec_status": cell.get("status"), "stdout": cell.get("stdout"), "stderr": cell.get("stderr"), "exec_duration_s": cell.get("duration_s")}
+        for i, cell in enumerate(message.get("code_cells") or [])
+    ]  # fmt: skip
+    calls = [
+        {"turn": 0, "index": len(cells) + i, "raw": call["function"].get("arguments", ""), "name": call["function"]["name"],
+         "arguments": call["function"].get("arguments", ""), "response": None}
+        for i, call in enumerate(message.get("tool_calls") or [])
+    ]  # fmt: skip
+    return {"turns": [{"text": text, "finish_reason": choice.get("finish_reason")}], "tool_calls": cells + calls, "stop_reason": choice.get("finish_reason"), "response": data}
 
 
 def parse_completion(data: dict) -> Completion:
@@ -244,7 +279,7 @@ def parse_completion(data: dict) -> Completion:
         turns=len(cells) + 1,
         code_calls=len(cells),
         finish_reason=choice.get("finish_reason"),
-        raw=data,
+        trajectory=http_trajectory(data),
     )
 
 
@@ -308,6 +343,6 @@ class InProcessChatClient:
             turns=len(trajectory.turns),
             code_calls=len(trajectory.tool_calls) if builtin else 0,
             finish_reason=trajectory.stop_reason,
-            raw=trajectory.to_dict(),
+            trajectory=trajectory.to_dict(),
             error=None if trajectory.turns else "context_length_exceeded",
         )

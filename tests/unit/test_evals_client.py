@@ -60,7 +60,11 @@ def test_rstar_template_asks_the_server_to_run_its_tool_loop():
     assert "tools" not in body
     assert sample.response == "<answer>\\boxed{2}</answer>"
     assert (sample.num_turns, sample.num_tool_calls, sample.prompt_tokens, sample.completion_tokens) == (2, 1, 11, 5)
-    assert sample.trajectory["completions"][0]["choices"][0]["message"]["code_cells"][0]["stdout"] == "2\n"
+    # stored in the Trajectory shape readers (the UI) know, the response kept whole
+    trajectory = sample.trajectory
+    assert trajectory["turns"] == [{"text": "<reason>think</reason><answer>\\boxed{2}</answer>", "finish_reason": "stop"}]
+    assert (trajectory["tool_calls"][0]["exec_status"], trajectory["tool_calls"][0]["stdout"], trajectory["tool_calls"][0]["arguments"]) == ("ok", "2\n", {"code": "print(2)"})
+    assert trajectory["response"]["usage"]["prompt_tokens"] == 11
 
 
 def test_native_template_declares_client_tools_and_returns_the_calls():
@@ -110,7 +114,7 @@ def test_in_process_rstar_answer_runs_the_tool_loop(default_tokenizer):
     completion = asyncio.run(client.complete([{"role": "user", "content": "2+2?"}], None, RSTAR))
     assert completion.content.endswith("<answer>\\boxed{4}</answer>")
     assert (completion.turns, completion.code_calls, completion.tool_calls) == (2, 1, [])
-    assert completion.raw["tool_calls"][0]["stdout"] == "4\n"
+    assert completion.trajectory["tool_calls"][0]["stdout"] == "4\n" and completion.trajectory["prompt_ids"]
     # the rStar template (its answer instruction) was used, and the python tool was listed
     prompt = default_tokenizer.decode(engine.prompts[0])
     assert "You must put your answer inside <answer> </answer> tags" in prompt and "python_code_with_standard_io" in prompt
@@ -161,7 +165,8 @@ class GroundTruthClient:
         self.tool_counts.append(len(tools))
         turn = sum(m["role"] == "user" for m in messages) - 1
         calls = [] if messages[-1]["role"] == "tool" else [parse_call(c, self.functions) for c in self.doc["ground_truth"][turn]]
-        return Completion("" if calls else "Done.", calls, 10, 3, 1, 0, "stop", {"turn": turn})
+        turns = [{"text": "" if calls else "Done."}]
+        return Completion("" if calls else "Done.", calls, 10, 3, 1, 0, "stop", {"turns": turns, "tool_calls": [{"turn": 0, "name": c["name"]} for c in calls]})
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +183,11 @@ def test_multi_turn_ground_truth_played_through_the_loop_passes_the_checker(mult
     client = GroundTruthClient(doc)
     sample = asyncio.run(generate(client, bench.build_prompt(doc, 0), NATIVE, bench.environment(doc)))
     assert len(sample.response) == len(doc["ground_truth"])
+    # one trajectory per request, and their turns and calls in order at the top
+    requests = sample.trajectory["requests"]
+    assert len(requests) == len(client.tool_counts) == len(sample.trajectory["turns"])
+    assert [c["turn"] for c in sample.trajectory["tool_calls"]] == sorted(c["turn"] for c in sample.trajectory["tool_calls"])
+    assert len(sample.trajectory["tool_calls"]) == sum(len(calls) for calls in doc["ground_truth"]) == sample.num_tool_calls
     assert bench.grade(doc, sample.response, 0).score == 1.0
     if doc["missed_function"]:  # the held-out docs are offered from their turn on, not before
         assert max(client.tool_counts) > min(client.tool_counts)

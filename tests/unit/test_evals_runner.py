@@ -106,7 +106,7 @@ def test_a_run_stores_each_sample_once_with_scores_and_counts(store, aime):
         row = session.query(EvalSample).filter_by(run_id=run.id, doc_id=aime[0]["id"], sample_index=1).one()
     assert row.grade["predicted"] == aime[0]["answer"] and row.score == 1.0
     assert row.request["params"]["temperature"] == 0.6 and row.request["params"]["seed"] == sample_seed(0, "aime24", aime[0]["id"], 1)
-    assert row.trajectory == {"completions": [{"text": row.response}]}
+    assert row.trajectory == {"text": row.response}  # the one request's trajectory, as the client gave it
 
 
 def test_a_failed_run_resumes_without_losing_or_double_counting(store, aime):
@@ -129,7 +129,7 @@ def test_storing_a_sample_twice_is_refused_not_counted(store, aime):
     grade = store.grades(run.id, "aime24")[0]
     from rstar.evals.client import Sample
 
-    assert store.add(run.id, "aime24", grade, Sample(response="x", request={}, trajectory={})) is False
+    assert store.add(run.id, "aime24", grade, Sample(response="x", request={})) is False
     assert len(stored_keys(store, run.id)) == 3
 
 
