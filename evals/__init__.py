@@ -1,4 +1,5 @@
-"""Benchmark harness: registry, loaders, graders (the runner and reports build on these).
+"""Benchmark harness: registry, loaders and graders; `client` (how a sample is generated), `runner` (generate,
+grade and store every sample, resumable), `report` (JSON, Markdown, plots) and `cli` (`rstar eval`) build on them.
 
     from rstar.evals import get_benchmark
     bench = get_benchmark("aime24")
