@@ -45,25 +45,41 @@ def wait_until_settled(page, timeout: float = 120, quiet_s: float = 3.0) -> list
         generating = page.locator("#chatbot .pending, #chatbot .generating").count() > 0
         if not generating and time.time() - last_change > quiet_s:
             return seen
-        time.sleep(0.1)
+        time.sleep(0.05)
     raise AssertionError(f"the chat did not settle in {timeout} s; last text: {seen[-1][-500:]!r}")
 
 
+def answer_after(text: str, prompt: str) -> str:
+    """The chat's text after the user's message: the answer so far ("…" before its first token)."""
+    return text.split(prompt, 1)[1].strip() if prompt in text else ""
+
+
+# Records every text the chat shows, in the page itself, so no rendered state is missed between polls
+# however loaded the machine is.
+RECORD_CHAT = """() => {
+    const chat = document.querySelector('#chatbot');
+    window.chatTexts = [];
+    new MutationObserver(() => {
+        const text = chat.innerText;
+        if (window.chatTexts[window.chatTexts.length - 1] !== text) window.chatTexts.push(text);
+    }).observe(chat, {subtree: true, childList: true, characterData: true});
+}"""
+
+
 def test_a_message_streams_an_answer(page):
-    set_chat_settings(page, max_tokens=40)
-    page.fill("#chat-input textarea", "Count from one to twenty, please.")
+    prompt = "Count from one to twenty, please."
+    set_chat_settings(page, max_tokens=64)
+    page.evaluate(RECORD_CHAT)
+    page.fill("#chat-input textarea", prompt)
     page.locator("#chat-input textarea").press("Enter")
-    page.wait_for_function("document.querySelector('#chatbot').innerText.length > 60", timeout=120_000)
-    page.screenshot(path=str(ARTIFACTS / "chat_while_streaming.png"), full_page=True)
-    seen = wait_until_settled(page)
-    final = seen[-1]
-    assert "Count from one to twenty, please." in final
-    answer = final.split("Count from one to twenty, please.", 1)[1].strip()
-    assert len(answer) > 20, final
-    # Streamed: the answer grew through several intermediate states before it settled.
-    partials = {text for text in seen if "Count from one to twenty" in text and text != final}
-    assert len(partials) >= 3, seen
-    assert "⚠" not in final
+    wait_until_settled(page)
+    shown = [answer_after(text, prompt) for text in page.evaluate("window.chatTexts")]
+    final = shown[-1]
+    assert len(final) > 20 and "⚠" not in final, final
+    # Streamed: the page showed the answer growing through several partial states before it settled.
+    partials = [text for text in shown[:-1] if text not in ("", "…") and text != final]
+    assert len(partials) >= 3, shown
+    assert final.startswith(partials[0][:10])
 
 
 def test_a_code_cell_shows_with_its_output(page):
@@ -79,11 +95,27 @@ def test_a_code_cell_shows_with_its_output(page):
     assert cell.locator("pre code span").count() > 0
 
 
+def test_a_long_output_is_cut_with_a_way_to_expand(page):
+    squares = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "for i in range(40): print(i * i)", "input": ""}}\n</tool_call>'
+    set_chat_settings(page, max_tokens=40, prefix=squares)
+    page.fill("#chat-input textarea", "List the first forty squares.")
+    page.click("#send")
+    page.wait_for_function("document.querySelector('#chatbot').innerText.includes('Python cell 1 · ✓ ok')", timeout=120_000)
+    wait_until_settled(page)
+    toggle = page.locator("#chatbot summary", has_text="Show all 40 lines")
+    last_square = page.locator("#chatbot code", has_text="1521")  # 39 * 39: past the 20 lines shown
+    assert toggle.count() == 1 and "361" in page.locator("#chatbot").inner_text()  # 19 * 19, the head's last
+    assert not last_square.first.is_visible()
+    toggle.click()
+    last_square.first.wait_for(state="visible", timeout=10_000)
+
+
 def test_the_stop_button_cancels_the_generation_on_the_server(page, live_server):
     set_chat_settings(page, max_tokens=1500, temperature=1.0)
     page.fill("#chat-input textarea", "Write a very long story about a dragon.")
     page.click("#send")
     page.wait_for_function("document.querySelector('#chatbot').innerText.length > 200", timeout=120_000)
+    page.screenshot(path=str(ARTIFACTS / "chat_while_streaming.png"), full_page=True)
     page.click("#stop")
     deadline = time.time() + 30
     while httpx.get(f"{live_server.base_url}/health").json()["engine"]["unfinished"] > 0:
