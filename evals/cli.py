@@ -2,6 +2,7 @@
 
     rstar eval run --suite aime24,gpqa_diamond --endpoint http://127.0.0.1:8000/v1 --limit 5
     rstar eval run --resume RUN_ID            # continue an interrupted run (its stored config applies)
+    rstar eval run --run-id nightly ...       # the same command again continues run "nightly" where it stopped
     rstar eval list | show RUN | compare RUN_A RUN_B
 
 Without --endpoint the model runs in this process (vLLM engine + sandbox pool), as `rstar serve` would.
@@ -113,7 +114,7 @@ def run_command(
     data_dir: Annotated[Optional[Path], typer.Option(help="Local benchmark data laid out like shared/data/; none: the Hugging Face sources.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Base of the per-sample seeds. [default: 0]")] = None,
     tool_timeout: Annotated[Optional[float], typer.Option(help="Seconds one Python execution may run (server's default if unset).")] = None,
-    run_id: Annotated[Optional[str], typer.Option(help="Id for a new run, up to 32 characters (default: random).")] = None,
+    run_id: Annotated[Optional[str], typer.Option(help="Id for the run, up to 32 characters (default: random); an existing run with this id is continued, as with --resume.")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Continue this run: only missing samples are generated.")] = None,
     database_url: Annotated[Optional[str], typer.Option(help="[env: RSTAR_DATABASE_URL]")] = None,
 ) -> None:
@@ -125,6 +126,9 @@ def run_command(
     store = RunStore(open_database(settings.resolved_database_url))
     overrides = {"samples": samples, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "max_turns": max_turns}
     run_options = {"limit": limit, "data_dir": str(data_dir.resolve()) if data_dir else None, "seed": seed, "tool_timeout": tool_timeout}
+    if run_id and not resume and store.get(run_id) is not None:
+        # The same command started again (after a crash or kill): continue the run it started.
+        resume = run_id
     if resume:
         run = store.get(resume)
         if run is None:
@@ -139,8 +143,6 @@ def run_command(
     else:
         if run_id and len(run_id) > 32:
             raise _fail(f"--run-id is at most 32 characters: {run_id!r}")
-        if run_id and store.get(run_id) is not None:
-            raise _fail(f"run {run_id!r} exists; continue it with --resume {run_id}")
         config = {"benchmarks": plan(_suite(suite or PAPER_SUITE), overrides), **run_options, "seed": seed or 0}
         model_name = model
     asyncio.run(_run(store, settings, resume or run_id, config, model_name, endpoint, concurrency, resuming=bool(resume)))

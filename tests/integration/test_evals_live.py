@@ -134,7 +134,8 @@ def test_a_killed_run_resumes_without_losing_or_double_counting(live_server, tmp
     before = Counter((doc_id, index) for _, doc_id, index, *_ in sample_rows(db, "killed"))
     assert 3 <= sum(before.values()) < 12, "the run finished before it was killed"
 
-    second = subprocess.run([*command, "--resume", "killed"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    # started again: the same command (its --run-id exists) continues the run
+    second = subprocess.run([*command, "--run-id", "killed"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     after = Counter((doc_id, index) for _, doc_id, index, *_ in sample_rows(db, "killed"))
     assert len(after) == 12 and set(after.values()) == {1}

@@ -231,8 +231,9 @@ def test_list_show_and_compare_commands(store, aime, tmp_path):
 
     missing = runner.invoke(eval_app, ["run", "--resume", "nope", "--database-url", url])
     assert missing.exit_code == 2 and "no eval run 'nope'" in missing.output
-    taken = runner.invoke(eval_app, ["run", "--run-id", "first-run", "--endpoint", "http://127.0.0.1:9/v1", "--database-url", url])
-    assert taken.exit_code == 2 and "--resume first-run" in taken.output
+    # an existing --run-id is continued, so flags that change the run are refused there too
+    taken = runner.invoke(eval_app, ["run", "--run-id", "first-run", "--temperature", "0", "--database-url", url])
+    assert taken.exit_code == 2 and "--temperature 0.0" in taken.output and "first-run was started differently" in taken.output
     changed = runner.invoke(eval_app, ["run", "--resume", "first-run", "--samples", "3", "--database-url", url])
     assert changed.exit_code == 2 and "--samples 3" in changed.output
 
