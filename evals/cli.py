@@ -150,6 +150,7 @@ def run_command(
 
 async def _run(store, settings, run_id: str | None, config: dict, model: str | None, endpoint: str | None, concurrency: int, resuming: bool) -> None:
     from rstar.evals.client import FatalRequestError, HttpChatClient
+    from rstar.evals.data import DataUnavailable
     from rstar.evals.report import write_run_reports
     from rstar.evals.runner import context_problems, execute
 
@@ -162,6 +163,9 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
             with _progress() as bars:
                 outcome = await execute(store, run, client, concurrency, RichProgress(bars))
         except FatalRequestError as exc:
+            raise _fail(str(exc)) from None
+        except DataUnavailable as exc:
+            store.update(run.id, status="failed")
             raise _fail(str(exc)) from None
         finally:
             run_dir = write_run_reports(store, run.id, settings.data_dir / "evals")

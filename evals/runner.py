@@ -260,15 +260,13 @@ async def execute(
     progress = progress or _NoProgress()
     config = run.config
     data_dir = Path(config["data_dir"]) if config.get("data_dir") else None
-    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval-writer")
-    loop = asyncio.get_running_loop()
     queue: asyncio.Queue[_Work] = asyncio.Queue()
     expected: dict[str, int] = {}
     skipped = 0
     for name, sampling in config["benchmarks"].items():
         bench = get_benchmark(name)
         selected = select_docs(docs[name] if docs is not None else bench.load(data_dir), config.get("limit"))
-        done = await loop.run_in_executor(writer, store.done, run.id, name)
+        done = store.done(run.id, name)  # before any worker starts: nothing else waits on the loop yet
         todo = pending(selected, sampling["samples"], set(done))
         expected[name] = len(selected) * sampling["samples"]
         skipped += len(done)
@@ -287,6 +285,8 @@ async def execute(
             queue.put_nowait(_Work(bench, doc, index, params))
 
     counts = {"generated": 0, "failed": 0}
+    loop = asyncio.get_running_loop()
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval-writer")
 
     async def worker() -> None:
         while not queue.empty():
@@ -294,13 +294,14 @@ async def execute(
             env = work.bench.environment(work.doc) if work.bench.environment else None
             try:
                 sample = await generate(client, work.bench.build_prompt(work.doc, work.index), work.params, env)
+                grade = work.bench.grade(work.doc, sample.response, work.index)
             except FatalRequestError:
                 raise
             except Exception as exc:  # one sample's failure must not lose the others; a resume retries it
                 counts["failed"] += 1
+                # The doc id only: question text (GPQA's) never goes to logs.
                 log.warning("%s doc %s sample %d failed: %s: %s", work.bench.name, work.doc["id"], work.index, type(exc).__name__, exc)
                 continue
-            grade = work.bench.grade(work.doc, sample.response, work.index)
             if sample.errors:
                 grade.details["generation_errors"] = sample.errors
             if await loop.run_in_executor(writer, store.add, run.id, work.bench.name, grade, sample):

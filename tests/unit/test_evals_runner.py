@@ -244,3 +244,11 @@ def test_a_budget_the_server_cannot_hold_is_caught_before_the_run():
     planned = plan(["aime24", "ifeval"], {})
     assert context_problems(planned, 8192) == ["aime24 (max_tokens 30720)"]  # IFEval's 1280 fits
     assert context_problems(planned, 32768) == [] and context_problems(planned, None) == []
+
+
+def test_a_grader_failure_costs_that_sample_only(store, aime):
+    broken = [aime[0], {k: v for k, v in aime[1].items() if k != "answer"}, aime[2]]  # grading doc 1 raises
+    run = new_run(store, samples=1)
+    outcome = asyncio.run(execute(store, run, aime_client(aime), concurrency=2, docs={"aime24": broken}))
+    assert (outcome.status, outcome.generated, outcome.failed) == ("failed", 2, 1)
+    assert {doc_id for _, doc_id, _ in stored_keys(store, run.id)} == {aime[0]["id"], aime[2]["id"]}
