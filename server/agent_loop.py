@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rstar.server.builtin_tools import BUILTIN_TOOLS, JUPYTER_TOOL, CodeExecutor, ToolRun, code_argument, run_builtin_call
-from rstar.server.chat_template import ChatTemplate
+from rstar.server.chat_template import ChatTemplate, content_text
 from rstar.server.engine import SamplingOptions, TokenDelta, TokenEngine
 from rstar.server.tool_calls import (
     StreamEvent,
@@ -136,7 +136,7 @@ async def run_agent(
     the client whole.
     """
     request_id = request_id or uuid.uuid4().hex
-    prefix = _content_text(messages[-1].get("content")) if continue_final_message else None
+    prefix = content_text(messages[-1].get("content")) if continue_final_message else None
     if continue_final_message:
         prompt_ids = template.encode_continuation(messages, tools)
     else:
@@ -301,12 +301,6 @@ async def _run_calls(
 
 def _is_builtin(call: ToolCall, enabled: frozenset[str] = BUILTIN_TOOLS) -> bool:
     return call.decode_error is None and isinstance(call.name, str) and call.name in enabled
-
-
-def _content_text(content) -> str:
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content)
-    return content or ""
 
 
 async def _unavailable(call: ToolCall) -> ToolRun:

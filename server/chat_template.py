@@ -77,14 +77,15 @@ def normalize_messages(messages: Sequence[Mapping]) -> list[dict]:
     normalized = []
     for message in messages:
         message = dict(message)
-        message["content"] = _content_text(message.get("content"))
+        message["content"] = content_text(message.get("content"))
         if message.get("tool_calls"):
             message["tool_calls"] = [_normalize_call(call) for call in message["tool_calls"]]
         normalized.append(message)
     return normalized
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """Message content as text: parts joined, None as empty."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -155,7 +156,7 @@ class ChatTemplate:
         so the template's turn end is not there (vLLM's continue_final_message)."""
         if not messages or messages[-1].get("role") != "assistant":
             raise ValueError("continue_final_message needs an assistant message last")
-        content = _content_text(messages[-1].get("content"))
+        content = content_text(messages[-1].get("content"))
         rendered = self.render(messages, tools, add_generation_prompt=False)
         if content:
             return rendered[: rendered.rindex(content) + len(content)]

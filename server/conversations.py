@@ -17,6 +17,7 @@ from uuid import uuid4
 from sqlalchemy import delete, select
 from sqlalchemy.orm import sessionmaker
 
+from rstar.server.chat_template import content_text
 from rstar.server.db import Conversation, Message, StoredTrajectory
 from rstar.server.trajectory import Trajectory
 
@@ -24,15 +25,7 @@ EXPORT_BATCH = 200  # rows read per query while exporting, so an export never lo
 
 
 def _title(messages: Sequence[dict[str, Any]]) -> str:
-    first_user = next((m.get("content") for m in messages if m["role"] == "user"), "") or ""
-    if isinstance(first_user, list):
-        first_user = "".join(part.get("text", "") for part in first_user)
-    return first_user[:120]
-
-
-def _content(message: dict[str, Any]) -> str:
-    content = message.get("content") or ""
-    return "".join(part.get("text", "") for part in content) if isinstance(content, list) else content
+    return content_text(next((m.get("content") for m in messages if m["role"] == "user"), ""))[:120]
 
 
 class ConversationStore:
@@ -72,7 +65,7 @@ class ConversationStore:
                 session.flush()  # the old rows go before new ones take their positions
             for position, message in enumerate([*messages, *replies]):
                 extra = {key: value for key, value in message.items() if key not in ("role", "content") and value is not None}
-                conversation.messages.append(Message(position=position, role=message["role"], content=_content(message), extra=extra))
+                conversation.messages.append(Message(position=position, role=message["role"], content=content_text(message.get("content")), extra=extra))
             timings = list(timings) or [{}] * len(trajectories)
             for choice, (trajectory, timing) in enumerate(zip(trajectories, timings)):
                 conversation.trajectories.append(

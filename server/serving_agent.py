@@ -18,7 +18,7 @@ from rstar.config import Settings
 from rstar.sandbox.clients import SandboxClient
 from rstar.server.agent_loop import Done, LoopConfig, LoopEvent, TokensSampled, ToolExecutionStarted, ToolResult, TurnStarted, run_agent
 from rstar.server.builtin_tools import BUILTIN_TOOLS, PYTHON_TOOL, SandboxExecutor, builtin_tool_schemas
-from rstar.server.chat_template import ChatTemplate
+from rstar.server.chat_template import ChatTemplate, content_text
 from rstar.server.conversations import ConversationStore
 from rstar.server.engine import SamplingOptions, TokenEngine
 from rstar.server.errors import APIError
@@ -117,7 +117,7 @@ def plan_agent(
     prefix = forced_call_prefix(tool_choice)
     if prefix is not None:
         if continue_final_message:
-            messages[-1]["content"] = _text(messages[-1].get("content")) + prefix
+            messages[-1]["content"] = content_text(messages[-1].get("content")) + prefix
         else:
             messages.append({"role": "assistant", "content": serving.template.generation_prefix + prefix})
         continue_final_message = True
@@ -350,12 +350,6 @@ async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, Any]]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content)
-    return content or ""
 
 
 def request_messages(messages: Sequence[Any]) -> list[dict]:
