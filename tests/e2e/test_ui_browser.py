@@ -14,7 +14,9 @@ from tests.e2e.conftest import ARTIFACTS
 from tests.eval_run_data import insert_eval_run
 
 MODEL = "SmolLM2-135M-Instruct"
-FORCED_CALL = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(6*7)", "input": ""}}\n</tool_call>'
+# The forced tool-call path (continue_final_message with a complete call); the sleep keeps the cell running
+# long enough to be seen running.
+FORCED_CALL = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "import time; time.sleep(1); print(6*7)", "input": ""}}\n</tool_call>'
 
 
 def set_chat_settings(page, max_tokens: int, temperature: float = 0.0, prefix: str = "") -> None:
@@ -84,10 +86,14 @@ def test_a_message_streams_an_answer(page):
 
 def test_a_code_cell_shows_with_its_output(page):
     set_chat_settings(page, max_tokens=60, prefix="I will run it.\n" + FORCED_CALL)
+    page.evaluate(RECORD_CHAT)
     page.fill("#chat-input textarea", "What is 6*7? Use Python.")
     page.click("#send")
     page.wait_for_function("document.querySelector('#chatbot').innerText.includes('Python cell 1 · ✓ ok')", timeout=120_000)
     wait_until_settled(page)
+    # The cell appeared while it ran (code shown, no output yet), then again with its result.
+    running = [text for text in page.evaluate("window.chatTexts") if "Python cell 1 · running…" in text]
+    assert running and "time.sleep(1); print(6*7)" in running[0] and "stdout" not in running[0]
     cell = page.locator("#chatbot .message", has_text="Python cell 1").first
     text = cell.inner_text()
     assert "print(6*7)" in text and "stdout" in text and "42" in text
