@@ -35,6 +35,9 @@ async def server_status(client: ApiClient) -> str:
     return " · ".join(parts)
 
 
+IDLE_QUEUE_POLL_S = 0.05
+
+
 def build_ui(endpoint: str, api_key: str | None = None) -> gr.Blocks:
     client = ApiClient(endpoint, api_key)
     with gr.Blocks(title="rStar2-Agent", analytics_enabled=False) as demo:
@@ -49,6 +52,10 @@ def build_ui(endpoint: str, api_key: str | None = None) -> gr.Blocks:
             return await server_status(client)
 
         demo.load(load_status, None, status)
+    # Gradio's queue polls every 1 ms while idle. Mounted in the API's own event loop that costs about 5% of a
+    # core with nobody on the page (measured: 0.48 s CPU per 10 s idle vs vLLM's 0.13 s) and interleaves
+    # with token streaming; 50 ms, Gradio's own Windows default, is imperceptible to a person clicking.
+    demo._queue.sleep_when_free = IDLE_QUEUE_POLL_S
     return demo
 
 

@@ -23,3 +23,9 @@ def test_with_an_api_key_the_ui_asks_for_it():
         assert client.post("/ui/login", data={"username": "me", "password": "wrong"}).status_code == 400
         assert client.post("/ui/login", data={"username": "me", "password": "sekret"}).status_code == 200
         assert '"elem_id":"chatbot"' in client.get("/ui/config").text
+
+
+def test_the_idle_queue_does_not_spin_in_the_apis_event_loop():
+    from rstar.ui.app import IDLE_QUEUE_POLL_S, build_ui
+
+    assert build_ui("http://127.0.0.1:1")._queue.sleep_when_free == IDLE_QUEUE_POLL_S >= 0.05
