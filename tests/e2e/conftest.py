@@ -46,8 +46,10 @@ def ui_url(live_server):
     thread.join(30)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    # Module scope, not session: Playwright's sync API keeps an event loop running on the main thread while
+    # it is open, and every later test that calls asyncio.run() would then fail.
     from playwright.sync_api import sync_playwright
 
     assert CHROMIUM.exists(), "the browser tests need Debian's chromium at /usr/bin/chromium: run `bash install.sh cpu,test` as root"
