@@ -110,15 +110,21 @@ def test_errors_over_http(live_server):
     assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "body_too_large"
 
 
+def _client_disconnects(live_server) -> float:
+    metrics = httpx.get(f"{live_server.base_url}/metrics").text
+    return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("rstar_client_disconnects_total "))
+
+
 def test_a_client_leaving_a_non_streaming_request_aborts_it(live_server, engine):
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True}
+    disconnects_before = _client_disconnects(live_server)  # other tests in the session disconnect too
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{live_server.base_url}/v1/completions", json=body, timeout=3)
     deadline = time.time() + 20
     while engine.stats().unfinished and time.time() < deadline:
         time.sleep(0.2)
     assert engine.stats().unfinished == 0
-    assert "rstar_client_disconnects_total 1.0" in httpx.get(f"{live_server.base_url}/metrics").text
+    assert _client_disconnects(live_server) == disconnects_before + 1
 
 
 def test_health_reports_the_real_sandbox(live_server):
