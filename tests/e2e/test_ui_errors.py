@@ -3,19 +3,12 @@ words, on load and when a message is sent, and shows no traceback. No engine nee
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 
-import httpx
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from tests.processes import free_port, wait_until_serving
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +20,7 @@ def ui_without_server(tmp_path_factory):
             [sys.executable, "-m", "rstar.cli", "ui", "--endpoint", f"http://127.0.0.1:{dead}", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT
         )
     url = f"http://127.0.0.1:{port}/ui/"
-    deadline = time.time() + 120
-    while True:
-        assert process.poll() is None, f"rstar ui exited: {log_path.read_text()[-3000:]}"
-        assert time.time() < deadline, "rstar ui did not serve its page in 120 s"
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
+    wait_until_serving(process, url, log_path, timeout_s=120)
     yield url, dead, log_path
     process.terminate()
     process.wait(30)

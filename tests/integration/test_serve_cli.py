@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,28 +15,18 @@ import pytest
 from sqlalchemy import select
 
 from rstar.server.db import Conversation, open_database
+from tests.processes import free_port, wait_until_serving
 
 
 @pytest.fixture(scope="module")
 def rstar_serve(tmp_path_factory, default_model_dir):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     data_dir = tmp_path_factory.mktemp("serve-data")
     env = {**os.environ, "RSTAR_DATA_DIR": str(data_dir), "RSTAR_ENGINE__MAX_MODEL_LEN": "2048"}
     log = open(data_dir / "serve.log", "w")
     process = subprocess.Popen([sys.executable, "-m", "rstar.cli", "serve", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while True:
-        assert process.poll() is None, f"rstar serve exited: {(data_dir / 'serve.log').read_text()[-3000:]}"
-        assert time.time() < deadline, "rstar serve did not become healthy in 300 s"
-        try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
+    wait_until_serving(process, f"{base_url}/health", data_dir / "serve.log", timeout_s=300)
     yield process, base_url, data_dir
     if process.poll() is None:
         process.kill()

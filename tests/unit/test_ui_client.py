@@ -6,7 +6,6 @@ import asyncio
 import json
 import socket
 
-import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse

@@ -1,0 +1,30 @@
+"""Helpers for tests that start rstar as a user would: a free port, and waiting until a process serves."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until_serving(process: subprocess.Popen, url: str, log_path: Path, timeout_s: float) -> None:
+    """Poll `url` until it answers 200; fail with the process's log if it exits or the time runs out."""
+    deadline = time.time() + timeout_s
+    while True:
+        assert process.poll() is None, f"{process.args} exited: {log_path.read_text()[-3000:]}"
+        assert time.time() < deadline, f"{url} did not answer in {timeout_s:.0f} s: {log_path.read_text()[-3000:]}"
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
