@@ -167,7 +167,7 @@ def chat_completions_url(endpoint: str) -> str:
 
 
 class HttpChatClient:
-    """Any OpenAI-compatible endpoint. rstar's extension fields (`builtin_tools`, `max_turns`, `tool_timeout`)
+    """Any OpenAI-compatible endpoint. rstar's extension fields (`builtin_tools`, `max_turns`, `chat_template`, `tool_timeout`)
     are sent always: other servers ignore unknown fields, rstar's server runs the tool loop on them.
 
     Transport errors, 5xx and 429 are retried with backoff; a context-length refusal becomes a completion
@@ -201,6 +201,8 @@ class HttpChatClient:
         }
         if builtin:  # without built-in tools the first turn is the answer (or ends at the client's tool calls)
             body["max_turns"] = params.max_turns
+            # The rStar prompt whatever the server's default for its model, as the in-process path renders it.
+            body["chat_template"] = "rstar"
         if params.seed is not None:
             body["seed"] = params.seed
         if params.tool_timeout is not None:

@@ -72,6 +72,9 @@ class AgentOptions(_Request):
     tool_timeout: float | None = Field(None, gt=0, description="Seconds one built-in tool execution may run (capped by the sandbox's max_timeout_s).")
     builtin_tools: bool = Field(True, description="Offer and run the built-in Python tool server-side for this request.")
     return_token_ids: bool = Field(False, description="Also return prompt and response token ids (with the response mask).")
+    chat_template: Literal["rstar", "model"] | None = Field(
+        None, description="Render with the rStar template or the model's own (with the tool protocol); default: the server's choice for its model."
+    )
 
 
 class ChatCompletionRequest(AgentOptions):

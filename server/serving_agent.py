@@ -18,7 +18,7 @@ from rstar.config import Settings
 from rstar.sandbox.clients import SandboxClient
 from rstar.server.agent_loop import Done, LoopConfig, LoopEvent, TokensSampled, ToolExecutionStarted, ToolResult, TurnStarted, run_agent
 from rstar.server.builtin_tools import BUILTIN_TOOLS, PYTHON_TOOL, SandboxExecutor, builtin_tool_schemas
-from rstar.server.chat_template import ChatTemplate, content_text
+from rstar.server.chat_template import ChatTemplate, choose_template, content_text
 from rstar.server.conversations import ConversationStore
 from rstar.server.engine import SamplingOptions, TokenEngine
 from rstar.server.errors import APIError
@@ -34,13 +34,26 @@ class Serving:
     """The server's long-lived parts, built once in the app's lifespan and shared by every endpoint."""
 
     engine: TokenEngine
-    template: ChatTemplate
+    template: ChatTemplate  # the server's choice for its model
     sandbox: SandboxClient
     model_names: set[str]
     store: ConversationStore | None
     settings: Settings
     metrics: ServerMetrics
     admission: Admission
+
+    templates: dict[str, ChatTemplate] = field(default_factory=dict)  # per-request choices, built once each
+
+    def template_for(self, kind: str | None) -> ChatTemplate:
+        """The template a request asked for ("rstar" or "model"), or the server's own choice."""
+        if kind is None:
+            return self.template
+        if kind not in self.templates:
+            try:
+                self.templates[kind] = choose_template(self.engine.tokenizer, min(self.model_names), kind)
+            except ValueError as exc:  # a model without a template of its own
+                raise APIError(400, str(exc), "chat_template") from exc
+        return self.templates[kind]
 
     def check_model(self, name: str) -> None:
         if name not in self.model_names:
@@ -64,6 +77,7 @@ class Serving:
 class AgentPlan:
     """One request, ready for the loop: what is rendered, what may be called, and how each choice samples."""
 
+    template: ChatTemplate
     messages: list[dict]
     tools: list[dict]  # listed in the prompt
     config: LoopConfig
@@ -88,6 +102,7 @@ class Limits:
     top_logprobs: int = 0
     max_turns: int | None = None
     tool_timeout: float | None = None
+    chat_template: str | None = None  # "rstar" | "model"; None: the server's choice
 
 
 def forced_call_prefix(tool_choice: Any) -> str | None:
@@ -111,6 +126,7 @@ def plan_agent(
 ) -> AgentPlan:
     """Validate a request against the server's limits and the context window (APIError 400 when it does not fit)."""
     settings = serving.settings.api
+    template = serving.template_for(limits.chat_template)
     messages = [dict(message) for message in messages]
     offered = [] if tool_choice == "none" else [dict(tool) for tool in client_tools]
     builtin = builtin_tool_schemas([PYTHON_TOOL]) if builtin_tools else []
@@ -119,7 +135,7 @@ def plan_agent(
         if continue_final_message:
             messages[-1]["content"] = content_text(messages[-1].get("content")) + prefix
         else:
-            messages.append({"role": "assistant", "content": serving.template.generation_prefix + prefix})
+            messages.append({"role": "assistant", "content": template.generation_prefix + prefix})
         continue_final_message = True
     max_turns = limits.max_turns or settings.max_turns
     if max_turns > settings.max_turns_limit:
@@ -127,9 +143,9 @@ def plan_agent(
     tools = builtin + offered
     try:
         if continue_final_message:
-            prompt_ids = serving.template.encode_continuation(messages, tools)
+            prompt_ids = template.encode_continuation(messages, tools)
         else:
-            prompt_ids = serving.template.encode(messages, tools)
+            prompt_ids = template.encode(messages, tools)
     except Exception as exc:  # a template that cannot render these messages (roles, order)
         raise APIError(400, f"the chat template cannot render these messages: {exc}", "messages") from exc
     room = serving.engine.max_model_len - len(prompt_ids)
@@ -163,7 +179,7 @@ def plan_agent(
         for choice in range(limits.n)
     ]
     executor = SandboxExecutor(serving.sandbox, limits.tool_timeout)
-    return AgentPlan(messages, tools, config, sampling, continue_final_message, len(prompt_ids), executor)
+    return AgentPlan(template, messages, tools, config, sampling, continue_final_message, len(prompt_ids), executor)
 
 
 @dataclass
@@ -269,7 +285,7 @@ async def run_choices(serving: Serving, plan: AgentPlan, request_id: str, receiv
     streams = [
         run_agent(
             serving.engine,
-            serving.template,
+            plan.template,
             plan.messages,
             plan.tools,
             sampling,

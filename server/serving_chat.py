@@ -63,6 +63,7 @@ class ChatService:
             top_logprobs=request.top_logprobs or 0,
             max_turns=request.max_turns,
             tool_timeout=request.tool_timeout,
+            chat_template=request.chat_template,
         )
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
         tool_choice = request.tool_choice.model_dump() if hasattr(request.tool_choice, "model_dump") else request.tool_choice

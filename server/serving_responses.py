@@ -209,6 +209,7 @@ class ResponsesService:
             seed=request.seed,
             max_turns=request.max_turns,
             tool_timeout=request.tool_timeout,
+            chat_template=request.chat_template,
         )
         functions = [
             {"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)} for tool in request.tools if isinstance(tool, FunctionTool)

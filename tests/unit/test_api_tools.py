@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import time
 
+import openai
+import pytest
+
 from tests.unit.api_server import make_server  # noqa: F401 (fixture)
 
 QUESTION = [{"role": "user", "content": "What is 6*7?"}]
@@ -168,3 +171,19 @@ def test_closing_a_stream_during_a_tool_run_cancels_the_sandbox_job(make_server)
     assert sandbox.cancelled == ["print(6*7)"]
     assert http.get("/health").json()["admission"]["running"] == 0
     assert "rstar_client_disconnects_total 1.0" in http.get("/metrics").text
+
+
+def test_a_request_can_choose_the_rstar_template_over_the_models_own(make_server):
+    client, _, engine, _ = make_server(replies=("<reason>Easy.</reason>42",))
+    client.chat.completions.create(model="scripted", messages=QUESTION, extra_body={"builtin_tools": False})
+    client.chat.completions.create(model="scripted", messages=QUESTION, extra_body={"builtin_tools": False, "chat_template": "rstar"})
+    own, rstar = (engine.tokenizer.decode(prompt) for prompt in engine.prompts)
+    assert "This is the problem:" not in own  # the default model's own template
+    assert "This is the problem:\nWhat is 6*7?" in rstar and rstar.endswith("<|im_start|>assistant\n<reason>")
+
+
+def test_an_unknown_template_name_is_a_400(make_server):
+    client, _, _, _ = make_server()
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="scripted", messages=QUESTION, extra_body={"chat_template": "jinja-from-the-internet"})
+    assert err.value.body["param"] == "chat_template"

@@ -57,6 +57,7 @@ def test_rstar_template_asks_the_server_to_run_its_tool_loop():
     body, auth = seen[0]
     assert auth == "Bearer k"
     assert (body["builtin_tools"], body["max_turns"], body["seed"], body["top_p"], body["max_tokens"]) == (True, 5, 7, 0.95, 256)
+    assert body["chat_template"] == "rstar"
     assert "tools" not in body
     assert sample.response == "<answer>\\boxed{2}</answer>"
     assert (sample.num_turns, sample.num_tool_calls, sample.prompt_tokens, sample.completion_tokens) == (2, 1, 11, 5)
@@ -77,6 +78,7 @@ def test_native_template_declares_client_tools_and_returns_the_calls():
 
     sample = asyncio.run(generate(mock_client(handler), Prompt(messages=[{"role": "user", "content": "weather?"}], tools=WEATHER), NATIVE))
     assert seen[0]["builtin_tools"] is False and seen[0]["tools"] == WEATHER and "max_turns" not in seen[0]
+    assert "chat_template" not in seen[0]  # the benchmark's own prompt: the server's template for its model
     assert sample.response == [{"id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'}]
     assert sample.num_tool_calls == 1 and sample.num_turns == 1
 
