@@ -161,13 +161,18 @@ class VllmEngine:
         )
         holder: dict = {}
         llm = AsyncLLM.from_engine_args(args, stat_loggers=[_latest_stats_logger(holder)])
-        return cls(
+        engine = cls(
             llm=llm,
             model_name=served_model_name or str(model_dir),
             max_model_len=llm.model_config.max_model_len,
             tokenizer=llm.get_tokenizer(),
             _stats=holder,
         )
+        # vLLM keeps a traceback that runs through this frame (an exception it catches while starting); the
+        # frame's `llm` would then keep AsyncLLM alive past shutdown(), to interpreter exit, where its
+        # finalizer fails noisily because the modules it needs are gone.
+        del llm
+        return engine
 
     def _sampling_params(self, options: SamplingOptions):
         from vllm import SamplingParams
