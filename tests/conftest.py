@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 
 from rstar.config import EngineSettings, Settings, load_settings
+from tests.loop_thread import LoopThread
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,20 +41,6 @@ def default_tokenizer(default_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(default_model_dir)
-
-
-class LoopThread:
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout: float = 300):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self):
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="session")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 import time
 
 import pytest
+
+from tests.loop_thread import LoopThread
 
 # The adversarial tests look for this in every place a cell could read the service's environment.
 SANDBOX_CANARY = "rstar-sandbox-canary-7f3a"
@@ -20,14 +20,12 @@ class SyncPool:
     def __init__(self, settings) -> None:
         from rstar.sandbox.pool import SandboxPool
 
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
+        self.loop_thread = LoopThread()
         self.pool = SandboxPool(settings)
         self.call(self.pool.start())
 
     def call(self, coro, timeout: float = 120):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        return self.loop_thread.run(coro, timeout)
 
     def run(self, code: str = "", **fields):
         return self.call(self.pool.run({"code": code, **fields}))
@@ -50,8 +48,7 @@ class SyncPool:
 
     def close(self) -> None:
         self.call(self.pool.close())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
+        self.loop_thread.close()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,21 @@
+"""An event loop on its own thread, for synchronous tests that drive long-lived async objects
+(AsyncLLM, a sandbox pool), which must stay on the loop they started on."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+
+class LoopThread:
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout: float = 300):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
