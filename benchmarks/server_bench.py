@@ -244,19 +244,11 @@ def loop_overhead(model_dir: str, quick: bool) -> dict:
 # -- disconnect storm -----------------------------------------------------------------------------------
 
 
-def cell_processes(uid_base: int = 61000, span: int = 4096) -> int:
+def leftover_cells(uid_base: int = 61000, span: int = 4096) -> int:
     """Host processes running as a sandbox cell uid (pre-forked spares included)."""
-    count = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status") as status:
-                uid = next(int(line.split()[1]) for line in status if line.startswith("Uid:"))
-        except (OSError, StopIteration, ValueError):
-            continue
-        count += uid_base <= uid < uid_base + span
-    return count
+    from rstar.sandbox.zygote import cell_processes
+
+    return len(cell_processes(uid_base, span))
 
 
 async def disconnects(ours: Server, quick: bool) -> dict:
@@ -266,7 +258,7 @@ async def disconnects(ours: Server, quick: bool) -> dict:
     max_tokens = 80 if quick else 110
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=clients + 8)) as http:
         health = (await http.get(f"{ours.base_url}/health")).json()
-        spares_before = cell_processes()
+        spares_before = leftover_cells()
 
         async def client(i: int) -> dict:
             leaves = i % (clients // leaving) == 0
@@ -305,7 +297,7 @@ async def disconnects(ours: Server, quick: bool) -> dict:
         while True:
             health = (await http.get(f"{ours.base_url}/health")).json()
             engine, sandbox = health["engine"], health["sandbox"]
-            left_cells = max(cell_processes() - spares_before, 0)
+            left_cells = max(leftover_cells() - spares_before, 0)
             settled = engine["unfinished"] == 0 and engine["running"] == 0 and sandbox.get("running", 0) == 0 and left_cells == 0
             if settled or time.time() > deadline:
                 break

@@ -741,7 +741,7 @@ class Zygote:
         for sid, session in self.sessions.items():
             roles[session.child.pid] = "session"
         table = []
-        for pid, uid, state in _cell_processes(self.uid_base, self.slots + int(self.cfg["max_sessions"])):
+        for pid, uid, state in cell_processes(self.uid_base, self.slots + int(self.cfg["max_sessions"])):
             role = "exiting" if state in ("Z", "X") or pid in self.killed else roles.get(pid, "stray")
             table.append({"pid": pid, "uid": uid, "role": role})
         if not self.drop_uid:  # no uids to look for: list what we track
@@ -769,8 +769,10 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _cell_processes(uid_base: int, count: int) -> list[tuple[int, int, str]]:
+def cell_processes(uid_base: int, count: int) -> list[tuple[int, int, str]]:
     """(pid, uid, state letter) of processes whose real uid is in [uid_base, uid_base + count).
+
+    Also what tests and benchmarks use on the host to see whether any cell process is left.
 
     Reads /proc/PID/status: the owner of /proc/PID itself turns to root once a process has changed uid (it
     is no longer dumpable), so stat() would miss exactly the processes we look for.
@@ -795,7 +797,7 @@ def _cell_processes(uid_base: int, count: int) -> list[tuple[int, int, str]]:
 
 
 def _kill_uid(uid: int) -> None:
-    for pid, _, _ in _cell_processes(uid, 1):
+    for pid, _, _ in cell_processes(uid, 1):
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

@@ -82,18 +82,9 @@ def sandbox_small_pool():
 
 def sandbox_host_processes(uid_base: int, count: int) -> list[int]:
     """Host pids running as any cell uid (they should exist only while a pool is up)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status") as fh:
-                uid = next(int(line.split()[1]) for line in fh if line.startswith("Uid:"))
-        except (OSError, StopIteration, ValueError):
-            continue
-        if uid_base <= uid < uid_base + count:
-            found.append(int(name))
-    return found
+    from rstar.sandbox.zygote import cell_processes
+
+    return [pid for pid, _uid, _state in cell_processes(uid_base, count)]
 
 
 @pytest.fixture
