@@ -1,0 +1,278 @@
+"""Tool-use SFT data (rl/sft_data.py): programs checked in the real sandbox, split hygiene, reproducibility,
+and conversations in the shape the server's rStar template and tool-call parser expect."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+from dataclasses import replace
+from collections import Counter
+
+import pytest
+
+from rstar.rl import sft_data
+from rstar.rl.sft_data import FAMILIES, HELDOUT_PHRASINGS_PER_FAMILY, generate_problems, make_sft_data
+from rstar.sandbox.clients import LocalClient
+from rstar.sandbox.verify import extract_answer
+from rstar.server.builtin_tools import PYTHON_TOOL, SandboxExecutor, builtin_tool_schemas
+from rstar.server.chat_template import rstar_template, tojson
+from rstar.server.tool_calls import parse_tool_calls
+from tests.loop_thread import LoopThread
+
+# Pools of their own cell uids: apart from the session pools (63000, 64000) that may be up at the same time.
+MODULE_POOL_UID_BASE = 66000
+MAKE_DATA_UID_BASE = 66100
+SMALL_COUNTS = {"n_train": 36, "n_heldout": 12, "n_rl": 36}
+
+
+class Sandbox:
+    """The module's sandbox pool, on its own loop thread, for synchronous tests."""
+
+    def __init__(self, settings):
+        self.loop_thread = LoopThread()
+        self.client = LocalClient(settings)
+        self.loop_thread.run(self.client.start())
+        self.executor = SandboxExecutor(self.client)
+
+    def run_all(self, programs: list[str]):
+        async def run_all():
+            return await asyncio.gather(*(self.executor.execute(PYTHON_TOOL, code, "", ()) for code in programs))
+
+        return self.loop_thread.run(run_all())
+
+    def build(self, examples, progress=lambda done, total: None):
+        return self.loop_thread.run(sft_data.build_conversations(examples, self.executor, progress))
+
+    def close(self):
+        self.loop_thread.run(self.client.close())
+        self.loop_thread.close()
+
+
+@pytest.fixture(scope="module")
+def sandbox(sandbox_settings):
+    pool = Sandbox(sandbox_settings.model_copy(update={"uid_base": MODULE_POOL_UID_BASE}))
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def make_data(sandbox_settings, tmp_path_factory):
+    """make_sft_data(seed) into a fresh directory; returns (directory, manifest)."""
+    settings = sandbox_settings.model_copy(update={"uid_base": MAKE_DATA_UID_BASE})
+
+    def make(seed: int, progress=lambda done, total: None):
+        out_dir = tmp_path_factory.mktemp(f"sft_seed{seed}")
+        manifest = asyncio.run(make_sft_data(out_dir, seed=seed, sandbox_settings=settings, progress=progress,
+                                             **SMALL_COUNTS))
+        return out_dir, manifest
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def seed_seven(make_data):
+    progress_calls = []
+    out_dir, manifest = make_data(7, progress=lambda done, total: progress_calls.append((done, total)))
+    return out_dir, manifest, progress_calls
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def every_program(samples_per_phrasing: int):
+    """(phrasing id, program, answer) for every program style of every phrasing, on several drawn numbers."""
+    rng = random.Random(2024)
+    for family in FAMILIES:
+        for index, phrasing in enumerate(family.phrasings):
+            for _ in range(samples_per_phrasing):
+                fields = phrasing.computation.sample(rng)
+                answer = str(phrasing.computation.answer(fields))
+                for program in phrasing.computation.programs:
+                    yield f"{family.name}/{index}", program.format(**fields), answer
+
+
+# --- the programs ---------------------------------------------------------------------------------------
+
+
+def test_every_program_prints_exactly_the_answer(sandbox):
+    cases = list(every_program(samples_per_phrasing=3))
+    results = sandbox.run_all([code for _, code, _ in cases])
+    wrong = [(pid, code, result) for (pid, code, answer), result in zip(cases, results)
+             if not result.success or result.stdout != answer + "\n"]
+    assert not wrong, wrong[:3]
+
+
+def test_planted_bugs_fail_in_the_sandbox_with_the_error_they_name(sandbox):
+    rng = random.Random(5)
+    cases = []
+    for _, code, _ in every_program(samples_per_phrasing=1):
+        for maker, error in [(sft_data.misspelled_name, "NameError"), (sft_data.missing_import, "NameError"),
+                             (sft_data.string_concatenation, "TypeError")]:
+            bug = maker(code, rng)
+            if bug is not None:
+                cases.append((bug, error))
+    assert {error for _, error in cases} == {"NameError", "TypeError"}
+    results = sandbox.run_all([bug.code for bug, _ in cases])
+    for (bug, error), result in zip(cases, results):
+        assert not result.success and result.stderr.startswith(f"{error} at line"), (bug.code, result)
+
+
+def test_conversations_over_many_seeds_end_in_the_programs_answer(sandbox):
+    examples = [example for seed in range(4) for split in ("train", "heldout")
+                for example in generate_problems(seed, 48, split)]
+    progress = []
+    built = sandbox.build(examples, lambda done, total: progress.append((done, total)))
+    assert progress[-1] == (len(examples), len(examples)) and len(progress) == len(examples)
+    for example in built:
+        assert extract_answer(example.messages[-1]["content"]) == example.answer
+        assert re.fullmatch(r"-?\d+", example.answer)
+
+
+def test_a_wrong_answer_raises(sandbox):
+    example = generate_problems(0, 1, "train")[0]
+    with pytest.raises(RuntimeError, match="expected"):
+        sandbox.build([replace(example, answer=str(int(example.answer) + 1))])
+
+
+# --- families and splits --------------------------------------------------------------------------------
+
+
+def test_families_have_at_least_six_phrasings_and_hold_out_the_last_ones():
+    assert {family.name for family in FAMILIES} == {"product", "modular", "range_sum", "divisors", "equation", "word"}
+    for family in FAMILIES:
+        assert len(family.phrasings) >= 6
+        train, heldout = family.phrasing_ids("train"), family.phrasing_ids("heldout")
+        assert len(heldout) == HELDOUT_PHRASINGS_PER_FAMILY
+        assert train + heldout == [f"{family.name}/{i}" for i in range(len(family.phrasings))]
+
+
+def test_equation_programs_use_sympy():
+    equation = next(family for family in FAMILIES if family.name == "equation")
+    for phrasing in equation.phrasings:
+        assert all("from sympy import" in program and "solve" in program for program in phrasing.computation.programs)
+
+
+def test_splits_share_no_phrasing_and_no_problem(seed_seven):
+    out_dir, manifest, _ = seed_seven
+    train, heldout, rl = (read_jsonl(out_dir / name) for name in ("sft_train.jsonl", "heldout.jsonl", "rl_train.jsonl"))
+    heldout_ids = set(manifest["heldout_phrasings"])
+    assert heldout_ids == set(sft_data.heldout_phrasing_ids())
+    assert {row["phrasing"] for row in heldout} <= heldout_ids
+    assert not {row["phrasing"] for row in train} & heldout_ids
+    assert not {row["phrasing"] for row in rl} & heldout_ids
+    problems = [{row["problem"] for row in rows} for rows in (train, heldout, rl)]
+    assert sum(map(len, problems)) == len(set().union(*problems)) == len(train) + len(heldout) + len(rl)
+    assert len({row["id"] for row in train + heldout + rl}) == len(train) + len(heldout) + len(rl)
+
+
+def test_rl_problems_avoid_the_sft_problems_and_use_their_own_numbers():
+    train = generate_problems(1, 60, "train")
+    rl = generate_problems(1, 60, "train", stream="rl", avoid={example.problem for example in train})
+    assert not {e.problem for e in train} & {e.problem for e in rl}
+    assert [e.phrasing for e in rl] != [e.phrasing for e in train]
+
+
+def test_about_a_tenth_of_training_conversations_recover_from_an_error():
+    train = generate_problems(0, 2000, "train")
+    rate = sum(len(example.calls) == 2 for example in train) / len(train)
+    assert 0.07 < rate < 0.13
+    assert all(len(example.calls) == 1 for example in generate_problems(0, 300, "heldout"))
+
+
+def test_generation_is_pure_and_seeded():
+    first, again = generate_problems(3, 50, "train"), generate_problems(3, 50, "train")
+    assert first == again and all(example.messages is None for example in first)
+    assert [e.problem for e in generate_problems(4, 50, "train")] != [e.problem for e in first]
+    per_family = Counter(example.family for example in first).values()
+    assert len(per_family) == len(FAMILIES) and max(per_family) - min(per_family) <= 1  # families take turns
+
+
+# --- files ----------------------------------------------------------------------------------------------
+
+
+def test_same_seed_same_files_apart_from_execution_times(seed_seven, make_data):
+    first_dir, first_manifest, progress = seed_seven
+    second_dir, second_manifest = make_data(7)
+    assert first_manifest == second_manifest
+    names = ("sft_train.jsonl", "heldout.jsonl", "rl_train.jsonl", "manifest.json")
+    assert sorted(path.name for path in first_dir.iterdir()) == sorted(names)  # no temp files left
+    for name in names:
+        first, second = ((d / name).read_text(encoding="utf-8") for d in (first_dir, second_dir))
+        assert sft_data.EXECUTION_TIME.sub("", first) == sft_data.EXECUTION_TIME.sub("", second)
+        if name != "manifest.json":
+            assert first_manifest["files"][name]["sha256"] == sft_data.content_sha256(first)
+    assert json.loads((first_dir / "manifest.json").read_text()) == first_manifest
+    built = SMALL_COUNTS["n_train"] + SMALL_COUNTS["n_heldout"]
+    assert progress[-1] == (built, built)
+
+
+def test_manifest_counts_rows_and_families(seed_seven):
+    out_dir, manifest, _ = seed_seven
+    assert manifest["seed"] == 7
+    for name, count in [("sft_train.jsonl", "n_train"), ("heldout.jsonl", "n_heldout"), ("rl_train.jsonl", "n_rl")]:
+        rows = read_jsonl(out_dir / name)
+        assert manifest["files"][name]["rows"] == len(rows) == SMALL_COUNTS[count]
+        assert manifest["files"][name]["families"] == dict(Counter(row["family"] for row in rows))
+    rl_row = read_jsonl(out_dir / "rl_train.jsonl")[0]
+    assert set(rl_row) == {"problem", "answer", "family", "phrasing", "id"}
+
+
+# --- conversation shape ---------------------------------------------------------------------------------
+
+
+def check_conversation(messages: list[dict], answer: str) -> None:
+    assert messages[0]["role"] == "user"
+    assert [m["role"] for m in messages[1:]] == ["assistant", "tool"] * ((len(messages) - 2) // 2) + ["assistant"]
+    for message in messages[1:]:
+        if message["role"] == "assistant":
+            assert message["content"].startswith("<reason>")
+    final = messages[-1]["content"]
+    assert "tool_calls" not in messages[-1]
+    boxed = r"\\boxed\{" + re.escape(answer) + r"\}"
+    assert re.fullmatch(r"<reason>[^<]+</reason>\n<answer>\n[^<]*" + boxed + r"[^<]*\n</answer>", final)
+    last_tool = messages[-2]["content"]
+    assert last_tool.startswith("Tool call success\n") and f"stdout: {answer}\n" in last_tool
+
+
+def test_rows_have_the_rstar_conversation_shape(seed_seven):
+    out_dir, _, _ = seed_seven
+    for name in ("sft_train.jsonl", "heldout.jsonl"):
+        for row in read_jsonl(out_dir / name):
+            check_conversation(row["messages"], row["answer"])
+
+
+def test_error_recovery_shows_a_failure_then_a_success(sandbox):
+    planned = [example for example in generate_problems(11, 200, "train") if len(example.calls) == 2][:8]
+    assert planned
+    for example in sandbox.build(planned):
+        messages = example.messages
+        check_conversation(messages, example.answer)
+        assert len(messages) == 6
+        failed, fixed = messages[2]["content"], messages[4]["content"]
+        assert failed.startswith("Tool call failure\nreason: \nstderr: ")
+        assert re.search(r"(NameError|TypeError) at line", failed)
+        assert fixed.startswith("Tool call success\n")
+        first_code, second_code = (messages[i]["tool_calls"][0]["function"]["arguments"]["code"] for i in (1, 3))
+        assert first_code != second_code
+
+
+def test_rstar_template_renders_the_calls_as_the_model_must_write_them(sandbox):
+    template = rstar_template()
+    planned = [example for example in generate_problems(2, 200, "train") if len(example.calls) == 2][:1]
+    for example in sandbox.build(planned + generate_problems(2, 6, "heldout")):
+        rendered = template.render(example.messages, tools=builtin_tool_schemas(), add_generation_prompt=False)
+        calls = [m["tool_calls"][0]["function"] for m in example.messages if m.get("tool_calls")]
+        for call in calls:
+            expected = ('<tool_call>\n{"name": "python_code_with_standard_io", "arguments": '
+                        + tojson({"code": call["arguments"]["code"], "input": ""}) + "}\n</tool_call>")
+            assert expected in rendered
+        # Each assistant turn opens with exactly what the generation prompt forces, then the sampled text.
+        turn_opening = template.assistant_header + template.generation_prefix
+        assert rendered.count(template.assistant_header) == rendered.count(turn_opening) == len(calls) + 1
+        # The server's own parser reads the rendered calls back (after the system turn, whose tools block
+        # shows the call format with placeholders).
+        parsed = parse_tool_calls(rendered.split(template.turn_end, 1)[1])
+        assert [(c.name, c.arguments) for c in parsed] == [(PYTHON_TOOL, call["arguments"]) for call in calls]
