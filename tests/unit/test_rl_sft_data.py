@@ -149,6 +149,13 @@ def test_families_have_at_least_six_phrasings_and_hold_out_the_last_ones():
         assert train + heldout == [f"{family.name}/{i}" for i in range(len(family.phrasings))]
 
 
+def test_equations_read_as_written_by_hand_and_as_code():
+    assert sft_data.polynomial([2, -3, 1], code=False) == "2x^2 - 3x + 1"
+    assert sft_data.polynomial([2, -3, 1], code=True) == "2*x**2 - 3*x + 1"
+    assert sft_data.polynomial([-1, 0, 5], code=False) == "-x^2 + 5"
+    assert sft_data.linear_fields(7, -12, 30)["equation"] == "7x - 12 = 30"
+
+
 def test_equation_programs_use_sympy():
     equation = next(family for family in FAMILIES if family.name == "equation")
     for phrasing in equation.phrasings:
