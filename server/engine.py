@@ -80,6 +80,10 @@ class TokenEngine(Protocol):
 
     async def abort(self, request_id: str) -> None: ...
 
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """Logprob of each token after the first given the ones before it (RL's weight-sync probe)."""
+        ...
+
     def stats(self) -> EngineStats: ...
 
     async def reload_weights(self, weights_dir: str | Path) -> None: ...
@@ -125,6 +129,25 @@ def _latest_stats_logger(holder: dict):
     return LatestSchedulerStats
 
 
+class WeightReloadExtension:
+    """Mixed into vLLM's worker (`worker_extension_cls`): reload weights in place, tied embeddings included.
+
+    On CPU, every linear layer keeps a repacked copy of its weight for its GEMM kernel, made after loading.
+    A tied output head shares the input embedding's tensor but never appears in a checkpoint, so vLLM's
+    in-place reload refreshes the embedding and leaves the head's packed copy stale: measured on SmolLM2,
+    a reloaded embedding changed the logprobs by only part of what it should (gap 0.013 against the
+    trainer's instead of 1e-5). Re-running the head's post-load step after the reload fixes it.
+    """
+
+    def rstar_reload_weights(self, weights_path: str) -> None:
+        self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+        model = self.model_runner.get_model()
+        head = getattr(model, "lm_head", None)
+        config = getattr(model, "config", None)
+        if head is not None and getattr(config, "tie_word_embeddings", False) and hasattr(head, "quant_method"):
+            head.quant_method.process_weights_after_loading(head)
+
+
 @dataclass
 class VllmEngine:
     """AsyncLLM behind the TokenEngine interface. Create with `await VllmEngine.start(...)`."""
@@ -133,6 +156,8 @@ class VllmEngine:
     model_name: str
     max_model_len: int
     tokenizer: Any
+    dtype: str = ""  # what the weights run in, e.g. "bfloat16"
+    model_path: str = ""  # the directory (or hub id) it started from
     weight_version: int = 0
     _stats: dict = field(default_factory=dict)
     _failed: str | None = None
@@ -158,6 +183,7 @@ class VllmEngine:
             logprobs_mode=settings.logprobs_mode,
             max_logprobs=20,
             disable_log_stats=False,
+            worker_extension_cls=f"{WeightReloadExtension.__module__}.{WeightReloadExtension.__qualname__}",
         )
         holder: dict = {}
         llm = AsyncLLM.from_engine_args(args, stat_loggers=[_latest_stats_logger(holder)])
@@ -166,6 +192,8 @@ class VllmEngine:
             model_name=served_model_name or str(model_dir),
             max_model_len=llm.model_config.max_model_len,
             tokenizer=llm.get_tokenizer(),
+            dtype=str(llm.model_config.dtype).removeprefix("torch."),
+            model_path=str(model_dir),
             _stats=holder,
         )
         # vLLM keeps a traceback that runs through this frame (an exception it catches while starting); the
@@ -224,6 +252,19 @@ class VllmEngine:
     async def abort(self, request_id: str) -> None:
         await self.llm.abort(request_id)
 
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if self._failed:
+            raise EngineFailed(self._failed)
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+        final = None
+        async for output in self.llm.generate(TokensPrompt(prompt_token_ids=list(token_ids)), params, f"prompt-logprobs-{uuid.uuid4().hex}"):
+            final = output
+        # Position 0 has no logprob; each later entry holds the actual token's (rank-0 asked: it alone).
+        return [step[token].logprob for token, step in zip(token_ids[1:], final.prompt_logprobs[1:])]
+
     def stats(self) -> EngineStats:
         scheduler = self._stats.get("scheduler")
         return EngineStats(
@@ -245,7 +286,7 @@ class VllmEngine:
         if not any(weights_dir.glob("*.safetensors")):
             raise FileNotFoundError(f"no *.safetensors files in {weights_dir}")
         try:
-            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+            await self.llm.collective_rpc("rstar_reload_weights", kwargs={"weights_path": str(weights_dir)})
         except Exception as exc:
             self._failed = f"weight reload from {weights_dir} failed: {exc}; restart the engine"
             raise EngineFailed(self._failed) from exc
