@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, create_engine, event
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
 
@@ -109,6 +109,64 @@ class EvalSample(Base):
     num_tool_calls: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
     run: Mapped[EvalRun] = relationship(back_populates="samples")
+
+
+class RlRun(Base):
+    """One `rstar rl train` (GRPO-RoC) or `rstar rl sft` run: what was asked, where it stands.
+
+    `pid` and `host` name the process doing the work: a run left `running` whose process is gone was killed,
+    and the same command resumes it from its last checkpoint. Cancelling sets `cancel_requested`, which the
+    run reads between steps, so the CLI and the API can stop a run that another process executes.
+    """
+
+    __tablename__ = "rl_runs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # grpo | sft
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running | finished | failed | cancelled
+    model: Mapped[str] = mapped_column(String(1024))
+    recipe: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the validated recipe (or SFT config)
+    data: Mapped[str] = mapped_column(String(1024))
+    run_dir: Mapped[str] = mapped_column(String(1024))
+    step: Mapped[int] = mapped_column(Integer, default=0)  # steps completed
+    total_steps: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    host: Mapped[str] = mapped_column(String(256), default="")
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    steps: Mapped[list[RlStep]] = relationship(back_populates="run", cascade="all, delete-orphan", order_by="RlStep.step")
+    checkpoints: Mapped[list[RlCheckpoint]] = relationship(back_populates="run", cascade="all, delete-orphan", order_by="RlCheckpoint.step")
+
+
+class RlStep(Base):
+    """One finished step's metrics; the unique key makes a resumed run overwrite, never double-count, a step."""
+
+    __tablename__ = "rl_steps"
+    __table_args__ = (UniqueConstraint("run_id", "step", name="uq_rl_step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("rl_runs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)  # 1-based: the step's number once finished
+    stage: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    run: Mapped[RlRun] = relationship(back_populates="steps")
+
+
+class RlCheckpoint(Base):
+    __tablename__ = "rl_checkpoints"
+    __table_args__ = (UniqueConstraint("run_id", "step", name="uq_rl_checkpoint"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("rl_runs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    removed: Mapped[bool] = mapped_column(Boolean, default=False)  # pruned from disk (keep_checkpoints)
+    run: Mapped[RlRun] = relationship(back_populates="checkpoints")
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

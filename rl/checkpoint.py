@@ -1,0 +1,98 @@
+"""Checkpoints: model, optimizer, data cursor and RNG state, written so that a crash never leaves a torn one.
+
+A checkpoint is a directory `checkpoint-N` (N = steps finished) holding a complete model the engine and
+`rstar serve --model` load (weights, config, tokenizer and chat template), plus `optimizer.pt` and
+`trainer_state.json`. It is written under a temporary name and renamed in one step; `latest` (a text
+file, itself replaced atomically) names the newest. A write that fails (disk full) removes its partial
+directory and raises, leaving the previous checkpoint as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LATEST = "latest"
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or does not fit this run; the message says which and why."""
+
+
+@dataclass
+class TrainerState:
+    step: int  # steps finished
+    data_cursor: int  # problems consumed from the run's shuffled order
+    model_identity: dict  # architecture and shapes (policy.model_identity): a checkpoint only loads into its own model
+    rng: dict = field(default_factory=dict)  # python random (RoC draws) and torch states
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / f"checkpoint-{step}"
+
+
+def write_checkpoint(run_dir: Path, state: TrainerState, write_model: Callable[[Path], None], optimizer_state: dict) -> Path:
+    """Write checkpoint-{state.step} atomically; `write_model(dir)` puts the model files in place."""
+    target = checkpoint_dir(run_dir, state.step)
+    partial = run_dir / f".{target.name}.partial-{uuid.uuid4().hex[:8]}"
+    try:
+        partial.mkdir(parents=True)
+        write_model(partial)
+        torch.save(optimizer_state, partial / OPTIMIZER_FILE)
+        (partial / STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
+        if target.exists():  # a step redone after a resume: the new one replaces it
+            shutil.rmtree(target)
+        os.replace(partial, target)
+        _write_text_atomically(run_dir / LATEST, target.name)
+    except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        previous = latest_checkpoint(run_dir)
+        kept = f"the previous checkpoint ({previous.name}) is intact" if previous else "there is no earlier checkpoint"
+        raise CheckpointError(f"could not write checkpoint {state.step} in {run_dir}: {exc.strerror or exc}; {kept}") from exc
+    return target
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    pointer = run_dir / LATEST
+    if not pointer.is_file():
+        return None
+    path = run_dir / pointer.read_text().strip()
+    return path if (path / STATE_FILE).is_file() else None
+
+
+def read_state(checkpoint: Path, expected_identity: dict) -> TrainerState:
+    state = TrainerState(**json.loads((checkpoint / STATE_FILE).read_text()))
+    if state.model_identity != expected_identity:
+        differences = {key: (state.model_identity.get(key), value) for key, value in expected_identity.items() if state.model_identity.get(key) != value}
+        raise CheckpointError(f"{checkpoint} belongs to another model (checkpoint vs this run: {differences}); start a new run or pass its model")
+    return state
+
+
+def read_optimizer_state(checkpoint: Path) -> dict:
+    return torch.load(checkpoint / OPTIMIZER_FILE, weights_only=False)
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+    """Remove all but the newest `keep` checkpoints; returns what was removed."""
+    found = sorted((p for p in run_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()), key=lambda p: int(p.name.split("-")[-1]))
+    removed = found[: max(len(found) - keep, 0)]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
