@@ -1,0 +1,123 @@
+"""Rollouts: every sample of a step generated at once through the server's own agent loop, then rewarded.
+
+`run_trajectory` on the engine and sandbox that serve the API (no second engine, no HTTP hop) gives each
+sample's token ids, response mask, rollout logprobs, weight version and tool records. The samples of one
+problem share their prompt tokens, so the engine's prefix cache computes the prompt once per group.
+
+Reward as released: 1 if the answer checks out, else 0, graded over the whole response text (tool turns
+included, special tokens skipped) by the sandbox's `verify`, under a timeout; a check that hangs or fails
+scores 0 and is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rstar.rl.config import GRPOConfig
+from rstar.rl.data import Problem
+from rstar.rl.downsample import Trace
+from rstar.sandbox.clients import SandboxClient
+from rstar.server.agent_loop import LoopConfig, run_trajectory
+from rstar.server.builtin_tools import PYTHON_TOOL, SandboxExecutor, builtin_tool_schemas
+from rstar.server.chat_template import ChatTemplate
+from rstar.server.engine import SamplingOptions, TokenEngine
+from rstar.server.trajectory import ToolCallRecord, Trajectory
+
+TOOLS = builtin_tool_schemas([PYTHON_TOOL])
+
+
+@dataclass(frozen=True)
+class RolloutEnv:
+    """What rollouts run on: the serving stack's engine, chat template and sandbox."""
+
+    engine: TokenEngine
+    template: ChatTemplate
+    sandbox: SandboxClient
+
+
+@dataclass
+class Sample:
+    """One rollout of one problem, rewarded."""
+
+    problem: Problem
+    trajectory: Trajectory
+    reward: float
+    grade_status: str  # the verifier's: ok, timeout, error, ...
+
+    def trace(self, tokenizer) -> Trace:
+        """What down-sampling reads: the response text with special tokens kept, and the tool records."""
+        trajectory = self.trajectory
+        return Trace(
+            reward=self.reward,
+            text=tokenizer.decode(trajectory.response_ids, skip_special_tokens=False),
+            num_turns=len(trajectory.turns),
+            tool_calls=len(trajectory.tool_calls),
+            tool_errors=sum(is_tool_error(call) for call in trajectory.tool_calls),
+        )
+
+
+def is_tool_error(call: ToolCallRecord) -> bool:
+    """A call that did not run cleanly: bad JSON, unknown tool or arguments, exception, timeout, limits."""
+    return call.decode_error is not None or call.exec_status != "ok" or call.success is False
+
+
+def prompt_messages(problem: Problem) -> list[dict]:
+    return [{"role": "user", "content": problem.problem}]
+
+
+def sample_seed(seed: int, step: int, problem_index: int, sample_index: int) -> int:
+    """A per-sample sampling seed: the same run, step and position always draw the same sample."""
+    digest = hashlib.sha256(f"{seed}/{step}/{problem_index}/{sample_index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def loop_config(config: GRPOConfig) -> LoopConfig:
+    return LoopConfig(
+        max_turns=config.max_turns,
+        max_response_tokens=config.max_response_tokens,
+        max_parallel_calls=config.max_parallel_calls,
+        max_tool_response_chars=config.max_tool_response_chars,
+        truncate_side=config.tool_response_truncate_side,
+        logprobs=True,
+    )
+
+
+async def generate(env: RolloutEnv, problems: Sequence[Problem], samples_per_problem: int, config: GRPOConfig, seed: int, step: int) -> list[list[Trajectory]]:
+    """`samples_per_problem` trajectories of each problem, all in flight at once; one list per problem."""
+    executor = SandboxExecutor(env.sandbox, timeout_s=config.tool_timeout_s)
+    loop = loop_config(config)
+
+    async def one(problem_index: int, sample_index: int) -> Trajectory:
+        sampling = SamplingOptions(
+            max_tokens=config.max_response_tokens,  # the loop sets each turn's own from what is left
+            temperature=config.temperature,
+            top_p=config.top_p,
+            seed=sample_seed(seed, step, problem_index, sample_index),
+        )
+        return await run_trajectory(env.engine, env.template, prompt_messages(problems[problem_index]), TOOLS, sampling, executor, loop)
+
+    flat = await asyncio.gather(*(one(p, s) for p in range(len(problems)) for s in range(samples_per_problem)))
+    return [list(flat[p * samples_per_problem : (p + 1) * samples_per_problem]) for p in range(len(problems))]
+
+
+async def reward(env: RolloutEnv, problems: Sequence[Problem], groups: Sequence[Sequence[Trajectory]], timeout_s: float) -> list[list[Sample]]:
+    """Grade every trajectory against its problem's answer, concurrently (the sandbox pool bounds the work)."""
+
+    async def one(problem: Problem, trajectory: Trajectory) -> Sample:
+        score, status = await grade(env, trajectory, problem.answer, timeout_s)
+        return Sample(problem, trajectory, score, status)
+
+    graded = await asyncio.gather(*(one(problem, t) for problem, group in zip(problems, groups) for t in group))
+    sizes = [len(group) for group in groups]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [list(graded[start : start + size]) for start, size in zip(starts, sizes)]
+
+
+async def grade(env: RolloutEnv, trajectory: Trajectory, gold: str, timeout_s: float) -> tuple[float, str]:
+    """1.0 if the response's final answer matches `gold`, else 0.0, checked in the sandbox under a timeout."""
+    text = env.template.tokenizer.decode(trajectory.response_ids, skip_special_tokens=True)
+    verdict = await env.sandbox.verify(text, gold, timeout_s)
+    return (1.0 if verdict.correct else 0.0), verdict.status

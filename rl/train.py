@@ -1,0 +1,242 @@
+"""The GRPO-RoC training loop. Each step, in the released order:
+
+    rollout (the serving engine, all samples at once) -> reward (sandbox) -> reject-equal + RoC
+    -> GRPO advantages on the kept samples -> one token-mean PPO-clip update -> weight sync + probe
+    -> metrics to the database -> checkpoint
+
+A run resumes from its last checkpoint when started again with the same run id (after a crash or kill -9):
+steps after that checkpoint are forgotten and redone with the same problems and sampling seeds, so nothing
+is counted twice. `rstar rl stop` (or the API's cancel) takes effect between steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rstar.rl.checkpoint import TrainerState, latest_checkpoint, prune_checkpoints, read_optimizer_state, read_state, write_checkpoint
+from rstar.rl.config import GRPOConfig
+from rstar.rl.data import Problem
+from rstar.rl.downsample import Selection, downsample
+from rstar.rl.plots import plot_run
+from rstar.rl.policy import Policy, model_identity, resolve_compute_dtype
+from rstar.rl.recipe import Recipe
+from rstar.rl.rollout import TOOLS, RolloutEnv, Sample, generate, is_tool_error, prompt_messages, reward
+from rstar.rl.runs import RunStore
+from rstar.rl.trainer import GRPOTrainer, training_trees
+from rstar.rl.weight_sync import WeightSync
+
+Progress = Callable[[int, int, dict], None]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run_id: str
+    run_dir: Path
+    recipe: Recipe
+    model_dir: Path  # what the engine serves and the trainer starts from
+    data: str  # where the problems came from, for the record
+    engine_dtype: str  # the engine's weights dtype: what weight sync writes, and the probe's tolerance
+
+
+def data_order(count: int, seed: int, cursor: int, take: int) -> list[int]:
+    """Problem indices `cursor .. cursor + take` of the run's order: each pass over the data is a fresh
+    seeded shuffle, so the order is a pure function of (seed, cursor) and a resumed run sees what it would have."""
+    indices = []
+    for position in range(cursor, cursor + take):
+        epoch, offset = divmod(position, count)
+        permutation = list(range(count))
+        random.Random(f"{seed}/epoch/{epoch}").shuffle(permutation)
+        indices.append(permutation[offset])
+    return indices
+
+
+def fitting_problems(env: RolloutEnv, problems: list[Problem], max_prompt_tokens: int) -> list[Problem]:
+    """Problems whose rendered prompt fits (the release filters overlong prompts)."""
+    return [p for p in problems if len(env.template.encode(prompt_messages(p), TOOLS)) <= max_prompt_tokens]
+
+
+def probe_ids(env: RolloutEnv, problem: Problem) -> list[int]:
+    """A fixed sequence for the weight-sync probe: a rendered problem and a short tool-using answer."""
+    prompt = env.template.encode(prompt_messages(problem), TOOLS)
+    answer = env.template.encode_text("I will compute this with Python, then check the result.\n</reason>\n<answer>\n\\boxed{42}\n</answer>")
+    return prompt + answer
+
+
+def probe_tolerance(config: GRPOConfig, trainer_dtype: str, engine_dtype: str) -> float:
+    # Measured on SmolLM2-135M: fp32 engine vs fp32 trainer 1e-5 mean; any bf16 side 0.03-0.06 mean;
+    # a stale or half-loaded weight set 0.02-0.1 on top of that.
+    if config.probe_tolerance is not None:
+        return config.probe_tolerance
+    return 1e-3 if trainer_dtype == engine_dtype == "float32" else 0.15
+
+
+async def train_grpo(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store: RunStore, progress: Progress = lambda step, total, metrics: None) -> str:
+    """Run (or resume) a recipe to its end; returns the final status: finished or cancelled."""
+    recipe = spec.recipe
+    first = recipe.stage_config(0)
+    problems = fitting_problems(env, problems, first.max_prompt_tokens)
+    if not problems:
+        raise ValueError(f"no problem in {spec.data} fits max_prompt_tokens={first.max_prompt_tokens}")
+    store.begin(spec.run_id, "grpo", str(spec.model_dir), recipe.model_dump(), spec.data, str(spec.run_dir), recipe.total_steps)
+    try:
+        status = await _train(env, spec, problems, store, progress)
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        raise  # interrupted, not failed: the run stays resumable from its last checkpoint
+    except BaseException as exc:
+        store.finish(spec.run_id, "failed", f"{type(exc).__name__}: {exc}")
+        raise
+    store.finish(spec.run_id, status)
+    return status
+
+
+async def _train(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store: RunStore, progress: Progress) -> str:
+    recipe = spec.recipe
+    config = recipe.stage_config(0)
+    dtype, _ = resolve_compute_dtype(config.compute_dtype)
+    policy = Policy(spec.model_dir, dtype, gradient_checkpointing=config.gradient_checkpointing)
+    trainer = GRPOTrainer(policy, config)
+    identity = model_identity(spec.model_dir)
+    rng = random.Random(f"{config.seed}/roc")
+    state = TrainerState(step=0, data_cursor=0, model_identity=identity)
+    stage_problems: list[Problem] = problems
+
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = latest_checkpoint(spec.run_dir)
+    if checkpoint is not None:
+        state = read_state(checkpoint, identity)
+        policy.load_weights(checkpoint)
+        trainer.load_optimizer_state(read_optimizer_state(checkpoint))
+        rng.setstate(_tuple_state(state.rng["roc"]))
+        torch.set_rng_state(torch.tensor(state.rng["torch"], dtype=torch.uint8))
+        by_id = {p.id: p for p in problems}
+        stage_problems = [by_id[i] for i in state.extra.get("stage_problems", [])] or problems
+    store.forget_steps_after(spec.run_id, state.step)
+
+    sync = WeightSync(env.engine, policy, probe_ids(env, problems[0]), probe_tolerance(config, dtype, spec.engine_dtype), spec.engine_dtype)
+    try:
+        if checkpoint is not None or env.engine.weight_version > 0:
+            await sync.sync()  # the engine must serve the weights this run continues from
+        for step in range(state.step, recipe.total_steps):
+            if store.cancel_requested(spec.run_id):
+                return "cancelled"
+            stage_index, in_stage = recipe.locate(step)
+            stage, config = recipe.stages[stage_index], recipe.stage_config(stage_index)
+            if in_stage == 0:
+                if stage.reset_optimizer and step > 0:
+                    trainer.reset_optimizer(config)
+                stage_problems = await stage_data(env, stage, config, problems, state, step)
+                state.data_cursor = 0
+            metrics = await run_step(env, trainer, sync, config, stage_problems, state, rng, step)
+            state.step = step + 1
+            state.data_cursor += config.prompts_per_step
+            store.record_step(spec.run_id, state.step, stage.name, metrics)
+            if state.step % config.save_every == 0 or state.step == recipe.total_steps:
+                save(spec, store, policy, trainer, state, rng, stage_problems, config.keep_checkpoints)
+            await asyncio.to_thread(plot_run, store.get(spec.run_id)["steps"], spec.run_dir / "curves.png", spec.run_id)
+            progress(state.step, recipe.total_steps, metrics)
+        return "finished"
+    finally:
+        sync.close()
+
+
+async def stage_data(env: RolloutEnv, stage, config: GRPOConfig, problems: list[Problem], state: TrainerState, step: int) -> list[Problem]:
+    """The stage's problems: all of them, or (filter 'unsolved') those the current policy does not solve k/k."""
+    if stage.filter == "none":
+        return problems
+    candidates = problems
+    if stage.filter_max_problems is not None and stage.filter_max_problems < len(problems):
+        candidates = random.Random(f"{config.seed}/filter/{step}").sample(problems, stage.filter_max_problems)
+    groups = await generate(env, candidates, stage.filter_samples, config, config.seed, -1 - step)
+    graded = await reward(env, candidates, groups, config.reward_timeout_s)
+    kept = [problem for problem, samples in zip(candidates, graded) if sum(s.reward for s in samples) < len(samples)]
+    if not kept:
+        raise ValueError(f"stage {stage.name!r}: the policy solves every judged problem {stage.filter_samples}/{stage.filter_samples}; nothing left to train on")
+    return kept
+
+
+async def run_step(env: RolloutEnv, trainer: GRPOTrainer, sync: WeightSync, config: GRPOConfig, problems: list[Problem], state: TrainerState, rng: random.Random, step: int) -> dict:
+    started = time.perf_counter()
+    batch = [problems[i] for i in data_order(len(problems), config.seed, state.data_cursor, config.prompts_per_step)]
+    groups = await generate(env, batch, config.rollouts_per_prompt, config, config.seed, step)
+    generated = time.perf_counter()
+    samples = await reward(env, batch, groups, config.reward_timeout_s)
+    rewarded = time.perf_counter()
+    tokenizer = env.template.tokenizer
+    traces = [[sample.trace(tokenizer) for sample in group] for group in samples]
+    selection = downsample(traces, config.downsample, config.keep_per_prompt, rng, config.min_positive_traces, config.min_negative_traces)
+    trees = training_trees(samples, selection)
+    train_stats = await asyncio.to_thread(trainer.update, trees, config) if trees else {"train_s": 0.0, "updates_skipped": 1}
+    trained = time.perf_counter()
+    report = await sync.sync()
+    return {
+        **rollout_metrics(samples, selection),
+        **{key: value for key, value in train_stats.items() if key != "train_s"},
+        "weight_version": report.weight_version,
+        "probe_gap": report.probe_gap,
+        "sync_write_s": report.write_s,
+        "sync_reload_s": report.reload_s,
+        "rollout_s": generated - started,
+        "reward_s": rewarded - generated,
+        "train_s": trained - rewarded,
+        "sync_s": report.seconds,
+        "step_s": time.perf_counter() - started,
+        "generated_tokens": sum(s.trajectory.num_sampled_tokens for group in samples for s in group),
+    }
+
+
+def rollout_metrics(groups: list[list[Sample]], selection: Selection) -> dict:
+    samples = [s for group in groups for s in group]
+    kept = [(groups[g][i], True) for g, indices in selection.kept.items() for i in indices]
+    positives = [s for s, _ in kept if s.reward > 0]
+    negatives = [s for s, _ in kept if s.reward <= 0]
+
+    def error_rate(chosen: list[Sample]) -> float | None:
+        calls = [call for s in chosen for call in s.trajectory.tool_calls]
+        return sum(is_tool_error(call) for call in calls) / len(calls) if calls else None
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+    return {
+        "reward_mean": mean([s.reward for s in samples]),
+        "solve_rate": mean([float(any(s.reward > 0 for s in group)) for group in groups]),
+        "kept_reward_mean": mean([s.reward for s, _ in kept]),
+        "groups": selection.groups_in,
+        "groups_dropped_equal": selection.groups_dropped_equal,
+        "groups_dropped_small": selection.groups_dropped_small,
+        "groups_kept": len(selection.kept),
+        "traces_kept": selection.traces_kept,
+        "positives_kept": selection.positives_kept,
+        "negatives_kept": selection.negatives_kept,
+        "response_tokens_mean": mean([len(s.trajectory.response_ids) for s in samples]),
+        "sampled_tokens_mean": mean([s.trajectory.num_sampled_tokens for s in samples]),
+        "turns_mean": mean([len(s.trajectory.turns) for s in samples]),
+        "tool_calls_mean": mean([len(s.trajectory.tool_calls) for s in samples]),
+        "tool_call_rate": mean([float(bool(s.trajectory.tool_calls)) for s in samples]),
+        "tool_error_rate": error_rate(samples),
+        "tool_error_rate_kept_positive": error_rate(positives),
+        "tool_error_rate_kept_negative": error_rate(negatives),
+        "stop_reasons": dict(Counter(s.trajectory.stop_reason or "none" for s in samples)),
+        "grader_failures": sum(s.grade_status != "ok" for s in samples),
+    }
+
+
+def save(spec: RunSpec, store: RunStore, policy: Policy, trainer: GRPOTrainer, state: TrainerState, rng: random.Random, stage_problems: list[Problem], keep: int) -> None:
+    state.rng = {"roc": rng.getstate(), "torch": torch.get_rng_state().tolist()}
+    state.extra["stage_problems"] = [p.id for p in stage_problems]
+    path = write_checkpoint(spec.run_dir, state, policy.save_pretrained, trainer.optimizer_state())
+    removed = prune_checkpoints(spec.run_dir, keep)
+    store.record_checkpoint(spec.run_id, state.step, str(path), [str(p) for p in removed])
+
+
+def _tuple_state(value) -> tuple:
+    """random.Random's state after a JSON round trip (lists back to tuples)."""
+    return tuple(_tuple_state(v) if isinstance(v, list) else v for v in value)

@@ -1,0 +1,135 @@
+"""One GRPO update: kept samples -> advantages -> packed rows -> token-mean PPO-clip -> AdamW.
+
+Old logprobs "recomputed by the trainer", as released: with one optimizer update per step (the release's
+setting), the weights cannot change between the recompute and the training forward, so the training
+forward's own logprobs, detached, are exactly the recomputed ones and a second forward would only repeat
+them; the ratio is then 1 and the clip matters from the second mini-batch on. With more than one update per
+step, a no-grad pass computes them before the first update.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import torch
+
+from rstar.rl.config import GRPOConfig
+from rstar.rl.downsample import Selection
+from rstar.rl.loss import group_advantages, policy_loss, token_mean, truncated_is_weights
+from rstar.rl.packing import Branch, ForwardBatch, Tree, pack
+from rstar.rl.policy import Policy
+from rstar.rl.rollout import Sample
+
+
+def training_trees(groups: Sequence[Sequence[Sample]], selection: Selection) -> list[Tree]:
+    """One tree per kept group: the shared prompt, and each kept sample's response with its advantage."""
+    trees = []
+    for group_index, kept in selection.kept.items():
+        samples = [groups[group_index][i] for i in kept]
+        advantages = group_advantages([sample.reward for sample in samples])
+        branches = []
+        for sample, advantage in zip(samples, advantages):
+            trajectory = sample.trajectory
+            if not trajectory.response_ids:
+                continue
+            values = {"advantage": [advantage] * len(trajectory.response_ids), "rollout_logprobs": list(trajectory.logprobs)}
+            branches.append(Branch(trajectory.response_ids, trajectory.response_mask, values))
+        if branches:
+            trees.append(Tree(samples[0].trajectory.prompt_ids, branches))
+    return trees
+
+
+def make_optimizer(parameters, config) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW with a linear warm-up, then constant (verl's constant-with-warm-up schedule).
+
+    verl's schedule gives step 0 a learning rate of 0; here step k (from 0) gets (k + 1) / warm-up, so the
+    first step already learns and step `warmup_steps - 1` reaches the full rate.
+    """
+    optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, betas=tuple(config.adam_betas), weight_decay=config.weight_decay)
+    warmup = config.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+    return optimizer, scheduler
+
+
+def split_by_tokens(rows: list[ForwardBatch], parts: int) -> list[list[ForwardBatch]]:
+    """Rows in `parts` consecutive chunks of about equal loss-token counts (none empty)."""
+    parts = max(1, min(parts, len(rows)))
+    total = sum(row.num_loss_tokens for row in rows)
+    chunks: list[list[ForwardBatch]] = [[] for _ in range(parts)]
+    seen = 0
+    for row in rows:
+        chunks[min(parts - 1, seen * parts // max(total, 1))].append(row)
+        seen += row.num_loss_tokens
+    return [chunk for chunk in chunks if chunk]
+
+
+class GRPOTrainer:
+    def __init__(self, policy: Policy, config: GRPOConfig):
+        self.policy = policy
+        self.optimizer, self.scheduler = make_optimizer(policy.trainable_parameters(), config)
+
+    def reset_optimizer(self, config: GRPOConfig) -> None:
+        """Fresh AdamW moments and warm-up (the paper's stage 3)."""
+        self.optimizer, self.scheduler = make_optimizer(self.policy.trainable_parameters(), config)
+
+    def optimizer_state(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_optimizer_state(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def update(self, trees: list[Tree], config: GRPOConfig) -> dict:
+        """Train on the trees; returns the step's loss statistics. Runs in a worker thread."""
+        started = time.perf_counter()
+        rows = pack(trees, config.token_budget)
+        mini_batches = split_by_tokens(rows, config.mini_batches_per_step)
+        old: dict[int, torch.Tensor] = {}
+        if config.old_logprobs == "trainer" and len(mini_batches) > 1:
+            with torch.no_grad():
+                old = {id(row): self.policy.logprobs(row, config.temperature) for row in rows}
+
+        totals = {"loss": 0.0, "clip_frac": 0.0, "dual_clip_frac": 0.0, "ratio_mean": 0.0, "approx_kl": 0.0, "logprob_gap": 0.0}
+        grad_norms, skipped = [], 0
+        num_tokens = sum(row.num_loss_tokens for row in rows)
+        for batch in mini_batches:
+            batch_tokens = sum(row.num_loss_tokens for row in batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            for row in batch:
+                logprobs = self.policy.logprobs(row, config.temperature)
+                rollout = row.values["rollout_logprobs"].to(logprobs.device)
+                if config.old_logprobs == "rollout":
+                    old_logprobs = rollout
+                else:
+                    old_logprobs = old.get(id(row), logprobs.detach())
+                weights = truncated_is_weights(old_logprobs, rollout, config.tis_cap) if config.tis_cap else None
+                loss_sum, stats = policy_loss(
+                    logprobs, old_logprobs, row.values["advantage"].to(logprobs.device), torch.ones_like(logprobs, dtype=torch.bool),
+                    config.clip_low, config.clip_high, config.dual_clip, weights,
+                )
+                token_mean(loss_sum, batch_tokens).backward()
+                share = row.num_loss_tokens / num_tokens
+                totals["loss"] += loss_sum.item() / num_tokens
+                for key in ("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl"):
+                    totals[key] += stats[key] * share
+                totals["logprob_gap"] += (logprobs.detach() - rollout).abs().sum().item() / num_tokens
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), config.grad_clip).item()
+            if math.isfinite(grad_norm):
+                self.optimizer.step()
+            else:  # as verl does: a non-finite gradient skips the update instead of corrupting the weights
+                skipped += 1
+            grad_norms.append(grad_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        return {
+            **totals,
+            "grad_norm": max(grad_norms),
+            "updates_skipped": skipped,
+            "lr": lr,
+            "train_tokens": num_tokens,
+            "packed_tokens": sum(row.num_tokens for row in rows),
+            "rows": len(rows),
+            "train_s": time.perf_counter() - started,
+        }

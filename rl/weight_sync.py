@@ -1,0 +1,81 @@
+"""Weight sync: after each update the rollout engine serves the trainer's new weights, verified.
+
+On vLLM CPU, `load_weights` after start-up fails (its kernels repack parameters); the worker's
+`reload_weights(weights_path=...)` works (measured, `../shared/reference/rl.md` §6). So the trainer writes
+one safetensors file into shared memory (`/dev/shm`, no disk) and the engine reloads from it in place,
+bumps its weight version and drops its prefix cache (`VllmEngine.reload_weights`).
+
+A probe then compares the engine's logprobs of a fixed token sequence with the trainer's: a reload that
+silently kept stale weights, or loaded them wrong, shows as a gap far above the dtype noise, and the run
+stops loudly (users of other frameworks lost runs to exactly this: rl.md §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rstar.rl.packing import Branch, Tree, pack
+from rstar.rl.policy import Policy, tied_names
+from rstar.rl.tensor_files import write_safetensors
+from rstar.server.engine import TokenEngine
+
+class WeightSyncFailed(RuntimeError):
+    """The engine does not serve the trainer's weights; continuing would train on a different policy."""
+
+
+@dataclass
+class SyncReport:
+    seconds: float  # write + reload, what the goal counts
+    write_s: float
+    reload_s: float
+    probe_gap: float  # mean |engine logprob - trainer logprob| over the probe tokens
+    weight_version: int
+
+
+class WeightSync:
+    """Moves the policy's weights into the engine and checks the engine's logprobs against the trainer's."""
+
+    def __init__(self, engine: TokenEngine, policy: Policy, probe_ids: Sequence[int], tolerance: float, engine_dtype: str):
+        self.engine = engine
+        self.policy = policy
+        self.probe_ids = list(probe_ids)
+        self.tolerance = tolerance
+        self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(engine_dtype, torch.float32)
+        base = Path("/dev/shm") if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK) else None
+        self._dir = tempfile.TemporaryDirectory(prefix="rstar-weights-", dir=base)
+
+    async def sync(self) -> SyncReport:
+        started = time.perf_counter()
+        path = Path(self._dir.name) / "model.safetensors"
+        tied = tied_names(self.policy.causal_lm)
+        weights = ((name, tensor) for name, tensor in self.policy.merged_state_dict() if name not in tied)
+        await asyncio.to_thread(write_safetensors, weights, path, self.dtype)
+        written = time.perf_counter()
+        await self.engine.reload_weights(self._dir.name)
+        reloaded = time.perf_counter()
+        gap = await self.probe()
+        report = SyncReport(reloaded - started, written - started, reloaded - written, gap, self.engine.weight_version)
+        if gap > self.tolerance:
+            raise WeightSyncFailed(
+                f"after loading weight version {report.weight_version}, the engine's logprobs differ from the trainer's by "
+                f"{gap:.4f} on average (tolerance {self.tolerance}): the engine is not serving the trained weights"
+            )
+        return report
+
+    async def probe(self) -> float:
+        engine_logprobs = torch.tensor(await self.engine.prompt_logprobs(self.probe_ids))
+        row = pack([Tree(self.probe_ids[:1], [Branch(self.probe_ids[1:], [1] * (len(self.probe_ids) - 1))])], len(self.probe_ids))[0]
+        with torch.no_grad():
+            trainer_logprobs = await asyncio.to_thread(self.policy.logprobs, row)
+        return (engine_logprobs - trainer_logprobs.cpu()).abs().mean().item()
+
+    def close(self) -> None:
+        self._dir.cleanup()

@@ -1,0 +1,109 @@
+"""The GRPO update on a tiny random Llama: kept samples become trees, positives gain probability, and a
+batch without signal leaves the weights alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rstar.rl.config import GRPOConfig
+from rstar.rl.data import Problem
+from rstar.rl.downsample import Selection
+from rstar.rl.policy import Policy
+from rstar.rl.rollout import Sample
+from rstar.rl.trainer import GRPOTrainer, split_by_tokens, training_trees
+from rstar.rl.packing import Branch, Tree, pack
+from rstar.server.trajectory import Trajectory
+
+PROMPT = [5, 6, 7, 8]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def sample(response: list[int], reward: float, mask: list[int] | None = None) -> Sample:
+    trajectory = Trajectory(prompt_ids=PROMPT, response_ids=response, response_mask=mask or [1] * len(response), logprobs=[-1.0] * len(response))
+    return Sample(Problem("p", "q", "1"), trajectory, reward, "ok")
+
+
+def config(**overrides) -> GRPOConfig:
+    return GRPOConfig(**{"learning_rate": 1e-2, "warmup_steps": 0, "weight_decay": 0.0, "compute_dtype": "float32", **overrides})
+
+
+def test_training_trees_carry_advantages_of_the_kept_samples_only():
+    groups = [[sample([10, 11], 1.0), sample([12], 0.0), sample([13, 14, 15], 0.0, mask=[1, 0, 1]), sample([16], 1.0)]]
+    trees = training_trees(groups, Selection({0: (0, 1, 2)}, 1, 0, 0, 0, 3, 1, 2))
+    (tree,) = trees
+    assert tree.prefix == PROMPT and [b.token_ids for b in tree.branches] == [[10, 11], [12], [13, 14, 15]]
+    # rewards (1, 0, 0): mean 1/3, Bessel std 0.577 -> +1.155, -0.577, -0.577
+    assert [round(b.values["advantage"][0], 3) for b in tree.branches] == [1.155, -0.577, -0.577]
+    assert tree.branches[2].loss_mask == [1, 0, 1]  # tool tokens stay out of the loss
+
+
+def logprob_of(policy, response):
+    (batch,) = pack([Tree(PROMPT, [Branch(response, [1] * len(response))])], 1000)
+    with torch.no_grad():
+        return policy.logprobs(batch).sum().item()
+
+
+def test_an_update_raises_the_positive_samples_and_lowers_the_negatives(tiny_model_dir):
+    policy = Policy(tiny_model_dir, "float32")
+    trainer = GRPOTrainer(policy, config())
+    good, bad = [20, 21, 22], [30, 31, 32]
+    before = (logprob_of(policy, good), logprob_of(policy, bad))
+    groups = [[sample(good, 1.0), sample(bad, 0.0)]]
+    trees = training_trees(groups, Selection({0: (0, 1)}, 1, 0, 0, 0, 2, 1, 1))
+    stats = trainer.update(trees, config())
+    after = (logprob_of(policy, good), logprob_of(policy, bad))
+    assert after[0] > before[0] and after[1] < before[1]
+    assert stats["train_tokens"] == 6 and stats["clip_frac"] == 0.0 and stats["ratio_mean"] == pytest.approx(1.0)
+    assert stats["grad_norm"] > 0 and stats["lr"] == pytest.approx(1e-2)
+    assert stats["logprob_gap"] > 0  # the fake rollout logprobs (-1.0) are not the model's
+
+
+def test_equal_rewards_give_zero_advantage_and_no_change(tiny_model_dir):
+    policy = Policy(tiny_model_dir, "float32")
+    trainer = GRPOTrainer(policy, config(weight_decay=0.0))
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    trees = training_trees([[sample([20, 21], 1.0), sample([30], 1.0)]], Selection({0: (0, 1)}, 1, 0, 0, 0, 2, 2, 0))
+    trainer.update(trees, config())
+    assert all(torch.equal(before[n], p) for n, p in policy.model.named_parameters())
+
+
+@pytest.mark.parametrize("overrides", [{"old_logprobs": "rollout"}, {"tis_cap": 2.0}])
+def test_rollout_logprobs_as_old_policy_and_truncated_is_weights_still_learn(tiny_model_dir, overrides):
+    policy = Policy(tiny_model_dir, "float32")
+    trainer = GRPOTrainer(policy, config(**overrides))
+    good = [20, 21, 22]
+    before = logprob_of(policy, good)
+    trees = training_trees([[sample(good, 1.0), sample([30, 31, 32], 0.0)]], Selection({0: (0, 1)}, 1, 0, 0, 0, 2, 1, 1))
+    stats = trainer.update(trees, config(**overrides))
+    assert logprob_of(policy, good) > before
+    if overrides.get("old_logprobs") == "rollout":
+        assert stats["ratio_mean"] != pytest.approx(1.0)  # pi_theta / pi_rollout, and the fake rollout logprobs are -1
+
+
+def test_two_mini_batches_update_twice_against_the_old_policy(tiny_model_dir):
+    policy = Policy(tiny_model_dir, "float32")
+    trainer = GRPOTrainer(policy, config(mini_batches_per_step=2, token_budget=64))
+    groups = [[sample([20, 21, 22], 1.0), sample([30, 31, 32], 0.0)], [sample([40, 41], 1.0), sample([42], 0.0)]]
+    stats = trainer.update(training_trees(groups, Selection({0: (0, 1), 1: (0, 1)}, 2, 0, 0, 0, 4, 2, 2)), config(mini_batches_per_step=2, token_budget=64))
+    # The second mini-batch runs on weights the first update moved, against logprobs from before it.
+    assert stats["ratio_mean"] != pytest.approx(1.0, abs=1e-6)
+    assert trainer.optimizer.state[next(iter(policy.trainable_parameters()))]["step"] == 2
+
+
+def test_split_by_tokens_keeps_order_and_balances():
+    batches = pack([Tree([1, 2], [Branch([3] * n, [1] * n)]) for n in (5, 5, 5, 5)], token_budget=8)
+    chunks = split_by_tokens(batches, 2)
+    assert [len(c) for c in chunks] == [2, 2]
+    assert split_by_tokens(batches, 9) == [[b] for b in batches]
