@@ -15,6 +15,7 @@ from rich.console import Console
 
 from rstar.config import Settings, load_settings
 from rstar.evals.cli import app as eval_app
+from rstar.rl.cli import app as rl_app
 from rstar.sandbox.cli import app as sandbox_app
 from rstar.ui.cli import app as ui_app
 
@@ -28,6 +29,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(eval_app, name="eval")
 app.add_typer(ui_app, name="ui")
+app.add_typer(rl_app, name="rl")
 
 console = Console(stderr=True)
 
@@ -97,7 +99,8 @@ def serve(
     """Start the OpenAI-compatible API on one engine, with the web UI at /ui (pulls the embedded default model if needed)."""
     import uvicorn
 
-    from rstar.server.api import create_app
+    from rstar.rl.api import mount_rl
+    from rstar.server.api import api_key_guard, create_app
     from rstar.server.engine import VllmEngine, require_vllm
     from rstar.server.model_store import resolve_model
     from rstar.ui.app import UI_PATH, mount_ui
@@ -122,6 +125,7 @@ def serve(
     # The UI talks to this same server over HTTP, as it would to a remote one; a wildcard bind is reached on loopback.
     loopback = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(settings.host, f"[{settings.host}]" if ":" in settings.host else settings.host)
     mount_ui(api, f"http://{loopback}:{settings.port}", settings.api_key)
+    mount_rl(api, settings, api_key_guard(settings))
     console.print(f"starting the engine on {resolved.path} (about a minute on CPU); API at http://{settings.host}:{settings.port}/v1", highlight=False)
     console.print(f"UI at http://{settings.host}:{settings.port}{UI_PATH} once the engine is up", highlight=False, soft_wrap=True)
     server = uvicorn.Server(uvicorn.Config(api, log_level="info"))

@@ -1,0 +1,245 @@
+"""`rstar rl`: SFT data, the SFT stage, GRPO-RoC runs, and their status.
+
+    rstar rl make-sft-data --out DIR                  # tool-use conversations, held-out and RL problems
+    rstar rl sft DIR/sft_train.jsonl --run-id sft-1    # LoRA SFT; RUN_DIR/final is a servable model
+    rstar rl train cpu --data DIR/rl_train.jsonl --run-id grpo-1   # a recipe: shipped name or TOML path
+    rstar rl list | status RUN | stop RUN
+
+The same command with the same --run-id after a crash or kill resumes from the last checkpoint. Runs
+execute in this process on their own engine and sandbox; `rstar serve` runs them on the serving engine
+through POST /v1/rl/runs instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from rstar.config import Settings, load_settings
+
+app = typer.Typer(no_args_is_help=True, help="Training: tool-use SFT and GRPO-RoC on the serving stack.")
+console = Console(stderr=True)
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]rstar rl:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def _store(settings: Settings):
+    from rstar.rl.runs import RunStore
+    from rstar.server.db import open_database
+
+    return RunStore(open_database(settings.resolved_database_url))
+
+
+def _run_id(given: str | None, kind: str) -> str:
+    from rstar.rl.runs import new_run_id
+
+    if given is not None:
+        if not given or len(given) > 64 or "/" in given:
+            raise _fail(f"--run-id must be 1-64 characters without '/': {given!r}")
+        return given
+    return new_run_id(kind)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[summary]}"),
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+    )
+
+
+def _summary(metrics: dict) -> str:
+    keys = (("reward_mean", "reward {:.2f}"), ("tool_call_rate", "tools {:.0%}"), ("loss", "loss {:.3f}"), ("step_s", "{:.0f}s/step"), ("train_s", "train {:.0f}s"))
+    return "  ".join(fmt.format(metrics[key]) for key, fmt in keys if isinstance(metrics.get(key), (int, float)))
+
+
+@app.command("make-sft-data")
+def make_sft_data_command(
+    out: Annotated[Path, typer.Option(help="Directory for sft_train.jsonl, heldout.jsonl, rl_train.jsonl, manifest.json.")] = Path("sft-data"),
+    seed: Annotated[int, typer.Option(help="Same seed, same problems, programs and outputs.")] = 0,
+    train: Annotated[int, typer.Option(min=1, help="SFT conversations.")] = 1000,
+    heldout: Annotated[int, typer.Option(min=1, help="Held-out problems (phrasings never used for training).")] = 200,
+    rl: Annotated[int, typer.Option(min=1, help="RL problems (training phrasings, fresh numbers).")] = 1000,
+) -> None:
+    """Write tool-use SFT conversations whose programs ran in the sandbox, plus held-out and RL problems."""
+    from rstar.rl.sft_data import make_sft_data
+
+    settings = load_settings()
+    with _progress() as bars:
+        task = bars.add_task("running programs", total=train + heldout, summary="")
+        manifest = asyncio.run(make_sft_data(out, seed, train, heldout, rl, settings.sandbox, lambda done, total: bars.update(task, completed=done, total=total)))
+    for name, entry in manifest["files"].items():
+        typer.echo(f"{out / name}: {entry['rows']} rows, sha256 {entry['sha256'][:16]}")
+
+
+@app.command("sft")
+def sft_command(
+    data: Annotated[str, typer.Argument(help="JSONL of {\"messages\": [...]} conversations in the rStar format.")],
+    run_id: Annotated[Optional[str], typer.Option(help="Run id (default: sft-<time>); an unfinished run with this id resumes.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Base model: 'smollm2-135m-instruct' (untuned embedded), a directory or a hub id.")] = "smollm2-135m-instruct",
+    epochs: Annotated[Optional[float], typer.Option(help="Passes over the data.")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Peak learning rate.")] = None,
+    lora_rank: Annotated[Optional[int], typer.Option(help="LoRA rank; 0 for a full fine-tune.")] = None,
+    batch: Annotated[Optional[int], typer.Option(help="Conversations per step.")] = None,
+    seed: Annotated[Optional[int], typer.Option()] = None,
+    chat_template: Annotated[str, typer.Option(help="'rstar' (what the tuned default is served with), 'model' or a jinja file.")] = "rstar",
+) -> None:
+    """Supervised fine-tuning on tool conversations, loss on the model's own tokens only (the paper's non-reasoning SFT)."""
+    from transformers import AutoTokenizer
+
+    from rstar.rl.sft import SFTConfig, SFTSpec, train_sft
+    from rstar.rl.sft_encoding import ConversationError, encode_conversation, read_conversations
+    from rstar.server.chat_template import choose_template
+    from rstar.server.model_store import ModelNotFound, resolve_model
+
+    settings = load_settings()
+    overrides = {"epochs": epochs, "learning_rate": lr, "examples_per_step": batch, "seed": seed}
+    if lora_rank is not None:
+        overrides["lora_rank"] = lora_rank or None
+    config = SFTConfig(**{k: v for k, v in overrides.items() if v is not None or k == "lora_rank"})
+    try:
+        resolved = resolve_model(model, settings.models_dir)
+        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+        template = choose_template(tokenizer, resolved.name, chat_template)
+        examples = []
+        for where, messages, tools in read_conversations(data):
+            try:
+                examples.append(encode_conversation(template, messages, tools))
+            except ConversationError as exc:
+                raise ConversationError(f"{where}: {exc}") from None
+    except (ModelNotFound, ConversationError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    run_id = _run_id(run_id, "sft")
+    spec = SFTSpec(run_id=run_id, run_dir=settings.data_dir / "rl_runs" / run_id, model_dir=Path(resolved.path), data=str(data))
+    console.print(f"sft run [bold]{run_id}[/bold]: {len(examples)} conversations, {resolved.name}, {'LoRA rank ' + str(config.lora_rank) if config.lora_rank else 'full fine-tune'}; run dir {spec.run_dir}", highlight=False)
+    with _progress() as bars:
+        task = bars.add_task("sft", total=None, summary="")
+        status = train_sft(spec, config, examples, _store(settings), lambda step, total, m: bars.update(task, completed=step, total=total, summary=_summary(m)))
+    typer.echo(f"{status}: model in {spec.run_dir / 'final'}" + (f", delta {spec.run_dir / 'delta.safetensors'}" if config.lora_rank else ""))
+
+
+@app.command("train")
+def train_command(
+    recipe: Annotated[str, typer.Argument(help="A shipped recipe name (see `rstar rl recipes`) or a TOML file.")],
+    data: Annotated[str, typer.Option(help="Problems with answers: a JSONL file or a Hugging Face dataset id.")],
+    run_id: Annotated[Optional[str], typer.Option(help="Run id (default: grpo-<time>); an unfinished run with this id resumes.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model to train. [env: RSTAR_MODEL]")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config value for every stage: --set prompts_per_step=4")] = None,
+) -> None:
+    """GRPO-RoC on a recipe's stages, with rollouts on an engine and sandbox started in this process."""
+    from rstar.rl.data import DataError, load_problems
+    from rstar.rl.recipe import RecipeError, load_recipe
+
+    settings = load_settings(model=model)
+    try:
+        overrides = dict(_parse_setting(item) for item in set_ or [])
+        loaded = load_recipe(recipe, overrides)
+        problems = load_problems(data)
+    except (RecipeError, DataError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    run_id = _run_id(run_id, "grpo")
+    status = asyncio.run(_train_in_process(settings, loaded, problems, data, run_id))
+    typer.echo(f"run {run_id}: {status}")
+
+
+def _parse_setting(item: str) -> tuple[str, object]:
+    key, sep, value = item.partition("=")
+    if not sep:
+        raise ValueError(f"--set {item!r}: expected key=value")
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
+
+
+async def _train_in_process(settings: Settings, recipe, problems, data: str, run_id: str) -> str:
+    from rstar.rl.rollout import RolloutEnv
+    from rstar.rl.train import RunSpec, train_grpo
+    from rstar.sandbox.clients import connect
+    from rstar.server.chat_template import choose_template
+    from rstar.server.engine import VllmEngine
+    from rstar.server.model_store import resolve_model
+
+    resolved = resolve_model(settings.model, settings.models_dir)
+    console.print(f"starting the engine on {resolved.path} (about a minute on CPU)", highlight=False)
+    engine = await VllmEngine.start(resolved.path, settings.engine, served_model_name=resolved.name)
+    try:
+        async with connect(settings.sandbox, url=settings.api.sandbox_url) as sandbox:
+            env = RolloutEnv(engine, choose_template(engine.tokenizer, resolved.name, settings.api.chat_template), sandbox)
+            spec = RunSpec(run_id, settings.data_dir / "rl_runs" / run_id, recipe, Path(resolved.path), data, engine.dtype)
+            console.print(f"grpo run [bold]{run_id}[/bold]: recipe {recipe.name}, {len(problems)} problems, {recipe.total_steps} steps; run dir {spec.run_dir}", highlight=False)
+            with _progress() as bars:
+                task = bars.add_task("grpo", total=recipe.total_steps, summary="")
+                return await train_grpo(env, spec, problems, _store(settings), lambda step, total, m: bars.update(task, completed=step, summary=_summary(m)))
+    finally:
+        await engine.shutdown()
+
+
+@app.command("recipes")
+def recipes_command() -> None:
+    """The shipped recipes and their stages."""
+    from rstar.rl.recipe import load_recipe, shipped_recipes
+
+    table = Table()
+    for column in ("recipe", "stage", "steps", "max tokens", "max turns", "filter", "description"):
+        table.add_column(column, overflow="fold")
+    for name in shipped_recipes():
+        recipe = load_recipe(name)
+        for index, stage in enumerate(recipe.stages):
+            config = recipe.stage_config(index)
+            table.add_row(name if index == 0 else "", stage.name, str(stage.steps), str(config.max_response_tokens), str(config.max_turns), stage.filter, recipe.description if index == 0 else "")
+    Console().print(table)
+
+
+@app.command("list")
+def list_command() -> None:
+    """Runs, newest first."""
+    table = Table()
+    for column in ("run", "kind", "status", "step", "model", "updated"):
+        table.add_column(column, overflow="fold")
+    for run in _store(load_settings()).list():
+        table.add_row(run["id"], run["kind"], run["status"], f"{run['step']}/{run['total_steps']}", run["model"], run["updated_at"][:19])
+    Console().print(table)
+
+
+@app.command("status")
+def status_command(run_id: Annotated[str, typer.Argument()], json_: Annotated[bool, typer.Option("--json", help="Everything, as JSON.")] = False) -> None:
+    """One run: where it stands, its last step's metrics, its checkpoints."""
+    from rstar.rl.runs import UnknownRun
+
+    try:
+        run = _store(load_settings()).get(run_id)
+    except UnknownRun:
+        raise _fail(f"no run {run_id!r}") from None
+    if json_:
+        typer.echo(json.dumps(run, indent=1))
+        return
+    last = run["steps"][-1] if run["steps"] else {}
+    typer.echo(f"{run['id']} ({run['kind']}): {run['status']}, step {run['step']}/{run['total_steps']}, run dir {run['run_dir']}")
+    if run["error"]:
+        typer.echo(f"error: {run['error']}")
+    if last:
+        typer.echo("last step: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items() if k not in ("created_at",)))
+    for checkpoint in run["checkpoints"]:
+        typer.echo(f"checkpoint {checkpoint['step']}: {checkpoint['path']}")
+
+
+@app.command("stop")
+def stop_command(run_id: Annotated[str, typer.Argument()]) -> None:
+    """Ask a run to stop after its current step (it can be resumed later with the same command)."""
+    from rstar.rl.runs import UnknownRun
+
+    try:
+        run = _store(load_settings()).request_cancel(run_id)
+    except UnknownRun:
+        raise _fail(f"no run {run_id!r}") from None
+    typer.echo(f"{run_id}: {run['status']}" + (" (stops after the current step)" if run["status"] == "running" else ""))
