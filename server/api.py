@@ -79,16 +79,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
     app.add_middleware(BodySizeLimit, max_bytes=settings.api.max_body_bytes)
     app.add_middleware(RequestCounter, metrics=lambda: getattr(app.state, "serving", None) and app.state.serving.metrics)
 
-    async def require_api_key(request: Request) -> None:
-        if settings.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        # Constant-time comparison: the server may face the internet.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), settings.api_key.encode()):
-            raise APIError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.", code="invalid_api_key")
-
-    authorized = [Depends(require_api_key)]
+    authorized = api_key_guard(settings)
 
     @app.get("/health")
     async def health(request: Request) -> dict:
@@ -175,6 +166,21 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
 
     app.include_router(evals_router(settings.resolved_database_url), dependencies=authorized)
     return app
+
+
+def api_key_guard(settings: Settings) -> list:
+    """Route dependencies that require `Authorization: Bearer <key>` when the server has an API key."""
+
+    async def require_api_key(request: Request) -> None:
+        if settings.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        # Constant-time comparison: the server may face the internet.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), settings.api_key.encode()):
+            raise APIError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.", code="invalid_api_key")
+
+    return [Depends(require_api_key)]
 
 
 def _store(request: Request) -> ConversationStore:
