@@ -210,8 +210,15 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    # OpenAI's field for "which backend configuration answered": here the engine's weight version, which
+    # an RL run bumps with every update it loads ("rstar-weights-v3").
+    system_fingerprint: str | None = None
     conversation_id: str | None = None
     prompt_token_ids: list[int] | None = None
+
+
+def weights_fingerprint(weight_version: int) -> str:
+    return f"rstar-weights-v{weight_version}"
 
 
 class FunctionCallDelta(BaseModel):
@@ -250,6 +257,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
+    system_fingerprint: str | None = None
     conversation_id: str | None = None
     prompt_token_ids: list[int] | None = None
 

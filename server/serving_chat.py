@@ -34,6 +34,7 @@ from rstar.server.schemas import (
     TopLogprob,
     Usage,
     new_id,
+    weights_fingerprint,
 )
 from rstar.server.serving_agent import AgentPlan, Answer, Limits, Serving, plan_agent, request_messages, run_choices
 from rstar.server.tool_calls import TextDelta, ToolCallArgumentsDelta, ToolCallStarted
@@ -104,6 +105,7 @@ class ChatService:
                 for a in ordered
             ],
             usage=_usage(plan, ordered),
+            system_fingerprint=weights_fingerprint(ordered[0].trajectory.weight_version),
             conversation_id=conversation_id,
             prompt_token_ids=ordered[0].trajectory.prompt_ids if request.return_token_ids else None,
         )
@@ -125,8 +127,10 @@ class ChatService:
         pending_logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in range(request.n)}
         answers: dict[int, Answer] = {}
 
+        fingerprint = weights_fingerprint(serving.engine.weight_version)
+
         def event(rows: list[ChunkChoice], usage: Usage | None = None, **top) -> str:
-            chunk = ChatCompletionChunk(id=chunk_id, created=created, model=request.model, choices=rows, usage=usage, **top)
+            chunk = ChatCompletionChunk(id=chunk_id, created=created, model=request.model, choices=rows, usage=usage, system_fingerprint=fingerprint, **top)
             return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
 
         def logprobs_of(index: int) -> ChoiceLogprobs | None:
