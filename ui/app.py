@@ -1,4 +1,4 @@
-"""The Gradio app: a Chat tab and an Evaluations tab over one API endpoint, served alone or mounted on the API."""
+"""The Gradio app: Chat, Evaluations and Training tabs over one API endpoint, served alone or mounted on the API."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from rstar.ui.chat import build_chat_tab
 from rstar.ui.client import ApiClient, ApiError
 from rstar.ui.evals import build_evals_tab
+from rstar.ui.training import build_training_tab
 
 UI_PATH = "/ui"
 
@@ -18,7 +19,7 @@ UI_PATH = "/ui"
 THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 
 CSS = """
-#chat-notice p, #evals-notice p { color: #b45309; font-weight: 600; }
+#chat-notice p, #evals-notice p, #training-notice p { color: #b45309; font-weight: 600; }
 """
 
 
@@ -47,6 +48,8 @@ def build_ui(endpoint: str, api_key: str | None = None) -> gr.Blocks:
             build_chat_tab(client, demo)
         with gr.Tab("Evaluations", elem_id="tab-evals"):
             build_evals_tab(client, demo)
+        with gr.Tab("Training", elem_id="tab-training"):
+            build_training_tab(client, demo)
 
         async def load_status():
             return await server_status(client)

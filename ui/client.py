@@ -102,14 +102,30 @@ class ApiClient:
     async def conversation(self, conversation_id: str) -> dict[str, Any]:
         return await self._get(f"/v1/conversations/{conversation_id}")
 
-    async def delete_conversation(self, conversation_id: str) -> None:
+    async def _send(self, method: str, path: str, payload: Any = None) -> Any:
         try:
             async with self._client() as client:
-                response = await client.delete(f"/v1/conversations/{conversation_id}")
+                response = await client.request(method, path, json=payload)
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
-        if response.status_code not in (200, 204):
+        if response.status_code not in (200, 202, 204):
             raise ApiError(_error_message(response))
+        return response.json() if response.content else None
+
+    async def delete_conversation(self, conversation_id: str) -> None:
+        await self._send("DELETE", f"/v1/conversations/{conversation_id}")
+
+    async def rl_runs(self) -> list[dict[str, Any]]:
+        return (await self._get("/v1/rl/runs"))["data"]
+
+    async def rl_run(self, run_id: str) -> dict[str, Any]:
+        return await self._get(f"/v1/rl/runs/{run_id}")
+
+    async def start_rl_run(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return await self._send("POST", "/v1/rl/runs", payload)
+
+    async def cancel_rl_run(self, run_id: str) -> dict[str, Any]:
+        return await self._send("POST", f"/v1/rl/runs/{run_id}/cancel")
 
     async def eval_runs(self) -> list[dict[str, Any]]:
         return (await self._get("/v1/evals/runs"))["data"]
