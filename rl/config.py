@@ -32,6 +32,7 @@ class GRPOConfig(BaseModel):
     max_response_tokens: int = Field(8192, ge=1, description="Token budget of a whole trajectory, tool tokens included (8192 in stage 1) [paper 8K, 12K, 12K].")
     max_turns: int = Field(5, ge=1, description="Assistant turns per trajectory (max_assistant_turns=5) [paper 10, 10, 15].")
     max_parallel_calls: int = Field(1, ge=1, description="Tool calls run per turn; later ones in a turn are ignored (verl max_parallel_calls=1).")
+    builtin_tools: bool = Field(True, description="Offer the Python tool in rollouts (rStar2-Agent); off: plain GRPO on text answers, e.g. to compare with other trainers.")
     max_tool_response_chars: int | None = Field(
         256, description="Second cut of each tool result the model sees, after the sandbox's 1000 chars per stream (verl max_tool_response_length=256)."
     )

@@ -21,7 +21,7 @@ from rstar.rl.data import Problem
 from rstar.rl.downsample import Trace
 from rstar.sandbox.clients import SandboxClient
 from rstar.server.agent_loop import LoopConfig, run_trajectory
-from rstar.server.builtin_tools import PYTHON_TOOL, SandboxExecutor, builtin_tool_schemas
+from rstar.server.builtin_tools import BUILTIN_TOOLS, PYTHON_TOOL, SandboxExecutor, builtin_tool_schemas
 from rstar.server.chat_template import ChatTemplate
 from rstar.server.engine import SamplingOptions, TokenEngine
 from rstar.server.trajectory import ToolCallRecord, Trajectory
@@ -76,6 +76,7 @@ def sample_seed(seed: int, step: int, problem_index: int, sample_index: int) -> 
 
 def loop_config(config: GRPOConfig) -> LoopConfig:
     return LoopConfig(
+        builtin_tools=BUILTIN_TOOLS if config.builtin_tools else frozenset(),
         max_turns=config.max_turns,
         max_response_tokens=config.max_response_tokens,
         max_parallel_calls=config.max_parallel_calls,
@@ -97,7 +98,8 @@ async def generate(env: RolloutEnv, problems: Sequence[Problem], samples_per_pro
             top_p=config.top_p,
             seed=sample_seed(seed, step, problem_index, sample_index),
         )
-        return await run_trajectory(env.engine, env.template, prompt_messages(problems[problem_index]), TOOLS, sampling, executor, loop)
+        tools = TOOLS if config.builtin_tools else []
+        return await run_trajectory(env.engine, env.template, prompt_messages(problems[problem_index]), tools, sampling, executor, loop)
 
     flat = await asyncio.gather(*(one(p, s) for p in range(len(problems)) for s in range(samples_per_problem)))
     return [list(flat[p * samples_per_problem : (p + 1) * samples_per_problem]) for p in range(len(problems))]

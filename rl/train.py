@@ -173,22 +173,28 @@ async def run_step(env: RolloutEnv, trainer: GRPOTrainer, sync: WeightSync, conf
     traces = [[sample.trace(tokenizer) for sample in group] for group in samples]
     selection = downsample(traces, config.downsample, config.keep_per_prompt, rng, config.min_positive_traces, config.min_negative_traces)
     trees = training_trees(samples, selection)
-    train_stats = await asyncio.to_thread(trainer.update, trees, config) if trees else {"train_s": 0.0, "updates_skipped": 1}
+    measured = {
+        **rollout_metrics(samples, selection),
+        "rollout_s": generated - started,
+        "reward_s": rewarded - generated,
+        "generated_tokens": sum(s.trajectory.num_sampled_tokens for group in samples for s in group),
+    }
+    if not trees:  # every group all right or all wrong: no advantage anywhere, nothing to learn or sync
+        return {**measured, "trained": False, "weight_version": env.engine.weight_version, "step_s": time.perf_counter() - started}
+    train_stats = await asyncio.to_thread(trainer.update, trees, config)
     trained = time.perf_counter()
     report = await sync.sync()
     return {
-        **rollout_metrics(samples, selection),
-        **{key: value for key, value in train_stats.items() if key != "train_s"},
+        **measured,
+        **train_stats,
+        "trained": True,
+        "train_s": trained - rewarded,
         "weight_version": report.weight_version,
         "probe_gap": report.probe_gap,
         "sync_write_s": report.write_s,
         "sync_reload_s": report.reload_s,
-        "rollout_s": generated - started,
-        "reward_s": rewarded - generated,
-        "train_s": trained - rewarded,
         "sync_s": report.seconds,
         "step_s": time.perf_counter() - started,
-        "generated_tokens": sum(s.trajectory.num_sampled_tokens for group in samples for s in group),
     }
 
 
