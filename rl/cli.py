@@ -134,20 +134,24 @@ def train_command(
     run_id: Annotated[Optional[str], typer.Option(help="Run id (default: grpo-<time>); an unfinished run with this id resumes.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model to train. [env: RSTAR_MODEL]")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config value for every stage: --set prompts_per_step=4")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(help="Run tool calls and answer checks on sandbox pools of this Ray cluster ('auto', 'ray://host:10001').")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(min=1, help="Stop the recipe after this many steps in all (a trial run).")] = None,
 ) -> None:
     """GRPO-RoC on a recipe's stages, with rollouts on an engine and sandbox started in this process."""
     from rstar.rl.data import DataError, load_problems
     from rstar.rl.recipe import RecipeError, load_recipe
 
-    settings = load_settings(model=model)
+    settings = load_settings(model=model, sandbox={"ray_address": ray_address} if ray_address else None)
     try:
         overrides = dict(_parse_setting(item) for item in set_ or [])
         loaded = load_recipe(recipe, overrides)
+        if max_steps is not None:
+            loaded = loaded.truncated(max_steps)
         problems = load_problems(data)
     except (RecipeError, DataError, ValueError) as exc:
         raise _fail(str(exc)) from None
     run_id = _run_id(run_id, "grpo")
-    status = asyncio.run(_train_in_process(settings, loaded, problems, data, run_id))
+    status = asyncio.run(_train_in_process(settings, loaded, problems, data, run_id, ray=ray_address is not None))
     typer.echo(f"run {run_id}: {status}")
 
 
@@ -161,7 +165,7 @@ def _parse_setting(item: str) -> tuple[str, object]:
         return key.strip(), value
 
 
-async def _train_in_process(settings: Settings, recipe, problems, data: str, run_id: str) -> str:
+async def _train_in_process(settings: Settings, recipe, problems, data: str, run_id: str, ray: bool) -> str:
     from rstar.rl.rollout import RolloutEnv
     from rstar.rl.train import RunSpec, train_grpo
     from rstar.sandbox.clients import connect
@@ -173,7 +177,7 @@ async def _train_in_process(settings: Settings, recipe, problems, data: str, run
     console.print(f"starting the engine on {resolved.path} (about a minute on CPU)", highlight=False)
     engine = await VllmEngine.start(resolved.path, settings.engine, served_model_name=resolved.name)
     try:
-        async with connect(settings.sandbox, url=settings.api.sandbox_url) as sandbox:
+        async with connect(settings.sandbox, url=settings.api.sandbox_url, ray=ray) as sandbox:
             env = RolloutEnv(engine, choose_template(engine.tokenizer, resolved.name, settings.api.chat_template), sandbox)
             spec = RunSpec(run_id, settings.data_dir / "rl_runs" / run_id, recipe, Path(resolved.path), data, engine.dtype)
             console.print(f"grpo run [bold]{run_id}[/bold]: recipe {recipe.name}, {len(problems)} problems, {recipe.total_steps} steps; run dir {spec.run_dir}", highlight=False)

@@ -68,6 +68,16 @@ class Recipe(BaseModel):
     def total_steps(self) -> int:
         return sum(stage.steps for stage in self.stages)
 
+    def truncated(self, steps: int) -> "Recipe":
+        """The same recipe ending after `steps` steps in all (a trial run of a long recipe)."""
+        stages, left = [], steps
+        for stage in self.stages:
+            if left <= 0:
+                break
+            stages.append(stage.model_copy(update={"steps": min(stage.steps, left)}))
+            left -= stage.steps
+        return self.model_copy(update={"stages": stages})
+
     def locate(self, step: int) -> tuple[int, int]:
         """(stage index, step within the stage) of a run's global step."""
         for index, stage in enumerate(self.stages):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +29,7 @@ from rstar.server.engine import SamplingOptions, TokenEngine
 from rstar.server.trajectory import ToolCallRecord, Trajectory
 
 TOOLS = builtin_tool_schemas([PYTHON_TOOL])
+log = logging.getLogger("rstar.rl")
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,9 @@ async def reward(env: RolloutEnv, problems: Sequence[Problem], groups: Sequence[
         return Sample(problem, trajectory, score, status)
 
     graded = await asyncio.gather(*(one(problem, t) for problem, group in zip(problems, groups) for t in group))
+    failed = Counter(sample.grade_status for sample in graded if sample.grade_status != "ok")
+    if failed:  # scored 0: a check that hung or crashed must not look like a wrong answer silently
+        log.warning("answer checks that did not finish (scored 0): %s", dict(failed))
     sizes = [len(group) for group in groups]
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return [list(graded[start : start + size]) for start, size in zip(starts, sizes)]

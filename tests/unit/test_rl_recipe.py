@@ -43,6 +43,11 @@ def test_locate_maps_run_steps_to_stages():
         recipe.locate(510)
 
 
+def test_a_truncated_recipe_keeps_its_first_stages():
+    recipe = load_recipe("paper").truncated(310)
+    assert [(s.name, s.steps) for s in recipe.stages] == [("stage1-8k", 300), ("stage2-12k", 10)] and recipe.total_steps == 310
+
+
 def test_stage_tables_override_the_run_config():
     recipe = parse_recipe({"name": "x", "config": {"learning_rate": 1e-5}, "stages": [
         {"name": "a", "steps": 2, "max_turns": 2}, {"name": "b", "steps": 1, "config": {"learning_rate": 3e-6}}]}, "x.toml")
