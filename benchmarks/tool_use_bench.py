@@ -1,0 +1,185 @@
+"""Does the model use its tool? Held-out problems through the API, temperature 0, several models side by side.
+
+Each model is served by `rstar serve` as a user starts it (a fresh process on a free port), asked every
+held-out problem of `rstar rl make-sft-data` (phrasings the SFT and RL data never use) through the chat
+completions endpoint, and scored on what came back:
+
+- tool call: the answer's first code cell parsed as a call and ran (`message.code_cells`, status not invalid_input);
+- accurate: the final `\\boxed{}` answer (inside `<answer>`) equals the problem's answer;
+- accurate after a tool result: accurate, and at least one cell ran before the answer.
+
+Default models: `smollm2-135m-instruct` (the untuned base) and `default` (the base with the shipped tool-use
+delta); pass `--models` to add RL checkpoints (directories). Goals (issue 10, for `default`): tool call in
+>= 95% of answers, accuracy >= 80%.
+
+    python benchmarks/tool_use_bench.py [--quick] [--out FILE.json] [--models a,b,DIR] [--heldout FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from rstar.hardware import cpu_info  # noqa: E402
+from rstar.sandbox.verify import extract_answer  # noqa: E402
+from tests.processes import free_port, wait_until_serving  # noqa: E402
+
+MAX_TOKENS = 512
+MAX_TURNS = 3
+
+
+def heldout_problems(path: Path | None, count: int) -> tuple[list[dict], str]:
+    """The held-out rows: from a file, or generated with the product's own command (seed 0)."""
+    if path is None:
+        work = Path(tempfile.mkdtemp(prefix="tool-use-bench-"))
+        subprocess.run([sys.executable, "-m", "rstar.cli", "rl", "make-sft-data", "--out", str(work), "--train", "1", "--heldout", str(count), "--rl", "1"],
+                       check=True, capture_output=True)
+        path = work / "heldout.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows[:count], str(path)
+
+
+async def ask(client: httpx.AsyncClient, problem: dict, gate: asyncio.Semaphore) -> dict:
+    async with gate:
+        started = time.perf_counter()
+        response = await client.post("/v1/chat/completions", json={
+            "model": "default", "messages": [{"role": "user", "content": problem["problem"]}],
+            "temperature": 0, "max_tokens": MAX_TOKENS, "max_turns": MAX_TURNS,
+        })
+        seconds = time.perf_counter() - started
+    response.raise_for_status()
+    message = response.json()["choices"][0]["message"]
+    cells = message.get("code_cells") or []
+    ran = [cell for cell in cells if cell.get("status") != "invalid_input"]
+    predicted = extract_answer(message.get("content") or "")
+    accurate = predicted is not None and predicted.replace(",", "") == problem["answer"]
+    return {
+        "id": problem["id"], "family": problem.get("family"), "answer": problem["answer"], "predicted": predicted,
+        "tool_call": bool(ran), "cells": len(cells), "cell_errors": sum(cell.get("status") != "ok" for cell in cells),
+        "accurate": accurate, "accurate_after_tool": accurate and bool(ran), "seconds": seconds,
+        "completion_tokens": response.json()["usage"]["completion_tokens"],
+    }
+
+
+def evaluate(model: str, problems: list[dict], concurrency: int, log_dir: Path) -> dict:
+    port = free_port()
+    log_path = log_dir / f"serve-{abs(hash(model))}.log"
+    env = {**os.environ, "RSTAR_DATA_DIR": str(log_dir / "data"), "RSTAR_PORT": str(port)}
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        server = subprocess.Popen([sys.executable, "-m", "rstar.cli", "serve", "--model", model, "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until_serving(server, f"http://127.0.0.1:{port}/health", log_path, timeout_s=900)
+        startup_s = time.perf_counter() - started
+
+        async def run_all():
+            gate = asyncio.Semaphore(concurrency)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+                return await asyncio.gather(*(ask(client, p, gate) for p in problems))
+
+        began = time.perf_counter()
+        answers = asyncio.run(run_all())
+        wall = time.perf_counter() - began
+    finally:
+        server.terminate()
+        server.wait(60)
+
+    def rate(key: str) -> float:
+        return sum(a[key] for a in answers) / len(answers)
+
+    families = sorted({a["family"] for a in answers})
+    return {
+        "model": model,
+        "problems": len(answers),
+        "tool_call_rate": rate("tool_call"),
+        "accuracy": rate("accurate"),
+        "accuracy_after_tool": rate("accurate_after_tool"),
+        "cell_error_rate": sum(a["cell_errors"] for a in answers) / max(1, sum(a["cells"] for a in answers)),
+        "per_family_accuracy": {f: statistics.fmean(a["accurate"] for a in answers if a["family"] == f) for f in families},
+        "median_seconds": statistics.median(a["seconds"] for a in answers),
+        "mean_completion_tokens": statistics.fmean(a["completion_tokens"] for a in answers),
+        "wall_s": wall,
+        "startup_s": startup_s,
+        "answers": answers,
+    }
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [Path(r["model"]).name for r in results]
+    metrics = ("tool_call_rate", "accuracy_after_tool", "accuracy")
+    figure, axis = plt.subplots(figsize=(2.4 + 1.6 * len(results), 3.6))
+    width = 0.8 / len(metrics)
+    for i, metric in enumerate(metrics):
+        values = [100 * r[metric] for r in results]
+        bars = axis.bar([x + i * width for x in range(len(results))], values, width, label=metric.replace("_", " "))
+        axis.bar_label(bars, fmt="%.0f", fontsize=7)
+    axis.set_xticks([x + width for x in range(len(results))], labels, fontsize=8)
+    axis.set_ylabel("% of held-out problems")
+    axis.set_ylim(0, 110)
+    axis.legend(fontsize=7)
+    axis.set_title(f"held-out problems, temperature 0 ({results[0]['problems']} each)", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="40 problems per model")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tool_use_bench.json"))
+    parser.add_argument("--models", default="smollm2-135m-instruct,default", help="comma-separated: embedded names or model directories")
+    parser.add_argument("--heldout", type=Path, default=None, help="heldout.jsonl of `rstar rl make-sft-data` (default: generate it, seed 0)")
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    problems, source = heldout_problems(args.heldout, 40 if args.quick else 200)
+    log_dir = Path(tempfile.mkdtemp(prefix="tool-use-bench-logs-"))
+    results = []
+    for model in args.models.split(","):
+        print(f"serving {model} ...", flush=True)
+        result = evaluate(model.strip(), problems, args.concurrency, log_dir)
+        print(f"{model}: tool call {result['tool_call_rate']:.1%}, accuracy {result['accuracy']:.1%}, after a tool result {result['accuracy_after_tool']:.1%} "
+              f"({result['problems']} problems, {result['wall_s']:.0f} s, start-up {result['startup_s']:.0f} s)", flush=True)
+        results.append(result)
+    default = next((r for r in results if r["model"] == "default"), None)
+    goals = []
+    if default is not None:
+        goals = [
+            {"name": "default: well-formed tool call", "value": round(default["tool_call_rate"], 4), "op": ">=", "target": 0.95, "unit": "share"},
+            {"name": "default: accuracy after a tool result", "value": round(default["accuracy_after_tool"], 4), "op": ">=", "target": 0.80, "unit": "share"},
+        ]
+    output = {
+        "benchmark": "tool_use_bench",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu_info().to_dict(),
+        "heldout": source,
+        "settings": {"temperature": 0, "max_tokens": MAX_TOKENS, "max_turns": MAX_TURNS, "concurrency": args.concurrency, "quick": args.quick},
+        "results": results,
+        "goals": goals,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(output, indent=1))
+    plot(results, args.out.with_suffix(".png"))
+    print(json.dumps({"goals": goals}, indent=1))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
