@@ -209,6 +209,11 @@ class VllmEngine:
             _configure_cpu_environment(settings)
         dtype, why = choose_dtype(settings.dtype)
         log.info("engine dtype: %s", why)
+        # vLLM CPU crashes the whole engine ("CPU Generator does not use offset") when a request with a seed
+        # is prefilled in chunks: it rewinds the request's generator, which only CUDA generators support.
+        # Concurrent seeded requests with long prompts (RL rollouts; any API client sending `seed`) get
+        # there within seconds at the default 2048-token step budget. Whole-prompt prefill avoids it.
+        whole_prefill = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(settings.max_model_len, 2048)} if current_platform.is_cpu() else {}
         args = AsyncEngineArgs(
             model=str(model_dir),
             served_model_name=[served_model_name] if served_model_name else None,
@@ -223,6 +228,7 @@ class VllmEngine:
             max_logprobs=20,
             disable_log_stats=False,
             worker_extension_cls=f"{WeightReloadExtension.__module__}.{WeightReloadExtension.__qualname__}",
+            **whole_prefill,
         )
         holder: dict = {}
         llm = AsyncLLM.from_engine_args(args, stat_loggers=[_latest_stats_logger(holder)])

@@ -148,3 +148,18 @@ def _wait_for(condition, timeout: float = 30) -> None:
     while not condition():
         assert time.time() < deadline, "condition not reached in time"
         time.sleep(0.1)
+
+
+def test_many_seeded_requests_with_long_prompts_do_not_kill_the_engine(engine, loop_thread):
+    """vLLM CPU's chunked prefill rewinds a seeded request's generator, which CPU generators cannot do, and
+    the engine dies; 48 concurrent seeded requests of ~470 prompt tokens reproduced it within seconds."""
+    prompt = engine.tokenizer.encode("word " * 470)
+
+    async def one(seed: int) -> int:
+        options = SamplingOptions(max_tokens=8, temperature=1.0, seed=seed)
+        return sum(len(d.token_ids) async for d in engine.generate(prompt + [seed], options))
+
+    async def all_of_them():
+        return await asyncio.gather(*(one(seed) for seed in range(48)))
+
+    assert loop_thread.run(all_of_them(), timeout=600) == [8] * 48
