@@ -157,7 +157,7 @@ def test_many_seeded_requests_with_long_prompts_do_not_kill_the_engine(engine, l
 
     async def one(seed: int) -> int:
         options = SamplingOptions(max_tokens=8, temperature=1.0, seed=seed)
-        return sum(len(d.token_ids) async for d in engine.generate(prompt + [seed], options))
+        return sum([len(d.token_ids) async for d in engine.generate(prompt + [seed], options)])
 
     async def all_of_them():
         return await asyncio.gather(*(one(seed) for seed in range(48)))
