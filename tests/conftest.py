@@ -23,24 +23,46 @@ from tests.loop_thread import LoopThread
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+def pytest_collection_modifyitems(items) -> None:
+    """Everything under tests/integration needs the real engine: mark it, so `-m "not integration"` means something."""
+    for item in items:
+        if "integration" in item.path.parts:
+            item.add_marker(pytest.mark.integration)
+
+
 # No test may reach a model or dataset hub; fail fast instead of retrying for half a minute.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+# The name the session engine serves the default model under (what `rstar serve` calls it).
+DEFAULT_MODEL_NAME = "SmolLM2-135M-rStar-Tool"
+
+
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
-    """The embedded default model, pulled into the user cache for real (a no-op once cached)."""
+    """The embedded default model (the base merged with the shipped tool-use delta), pulled into the user
+    cache for real (a no-op once cached)."""
     from rstar.server.model_store import resolve_model
 
     return Path(resolve_model("default", load_settings().models_dir).path)
 
 
 @pytest.fixture(scope="session")
-def default_tokenizer(default_model_dir):
+def base_model_dir(default_model_dir) -> Path:
+    """The untuned SmolLM2-135M-Instruct the default is made from (pulled with it)."""
+    from rstar.server.model_store import resolve_model
+
+    return Path(resolve_model("smollm2-135m-instruct", load_settings().models_dir, pull=False).path)
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer(base_model_dir):
+    """SmolLM2's tokenizer with SmolLM2's own chat template (the tuned default shares the vocabulary but
+    carries the rStar template it was trained on)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(default_model_dir)
+    return AutoTokenizer.from_pretrained(base_model_dir)
 
 
 @pytest.fixture(scope="session")
@@ -54,9 +76,17 @@ def loop_thread():
 def engine(default_model_dir, loop_thread):
     from rstar.server.engine import VllmEngine
 
-    engine = loop_thread.run(VllmEngine.start(default_model_dir, EngineSettings(max_model_len=4096, max_num_seqs=16), "SmolLM2-135M-Instruct"))
+    engine = loop_thread.run(VllmEngine.start(default_model_dir, EngineSettings(max_model_len=4096, max_num_seqs=16), DEFAULT_MODEL_NAME))
     yield engine
     loop_thread.run(engine.shutdown())
+
+
+@pytest.fixture
+def restore_engine_weights(engine, loop_thread, default_model_dir):
+    """For tests that train on the session engine: the default model's weights are back afterwards."""
+    yield
+    if engine.weight_version:
+        loop_thread.run(engine.reload_weights(default_model_dir))
 
 
 @dataclass
@@ -72,7 +102,8 @@ def live_server(engine, loop_thread, tmp_path_factory):
     in-process sandbox pool (the server's default), which the app starts and stops."""
     import uvicorn
 
-    from rstar.server.api import create_app
+    from rstar.rl.api import mount_rl
+    from rstar.server.api import api_key_guard, create_app
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -84,6 +115,7 @@ def live_server(engine, loop_thread, tmp_path_factory):
         return engine
 
     app = create_app(settings, shared_engine, engine.model_name)
+    mount_rl(app, settings, api_key_guard(settings))  # as `rstar serve` does
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     serving = asyncio.run_coroutine_threadsafe(server.serve(sockets=[sock]), loop_thread.loop)
     deadline = time.time() + 60

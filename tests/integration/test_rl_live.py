@@ -1,0 +1,200 @@
+"""rl/ on the real default model, engine and sandbox: GRPO steps change the weights and the engine serves
+them (the probe passes), a run started over the API trains the serving engine while it keeps answering,
+a `kill -9` mid-run resumes from its checkpoint counting nothing twice, and a short SFT lowers the loss."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rstar.rl.data import Problem
+from rstar.rl.recipe import parse_recipe
+from rstar.rl.rollout import RolloutEnv
+from rstar.rl.runs import RunStore
+from rstar.rl.train import RunSpec, train_grpo
+from rstar.sandbox.clients import LocalClient
+from rstar.sandbox.settings import SandboxSettings
+from rstar.server.chat_template import rstar_template
+from rstar.server.db import open_database
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Small steps: 4 problems x 4 samples, 2 kept, short answers. A 135M model sampled at temperature 1 gets
+# some of these right and some wrong, which is what GRPO needs to learn anything.
+TINY = {
+    "name": "tiny",
+    "config": {
+        "prompts_per_step": 4, "rollouts_per_prompt": 4, "keep_per_prompt": 2, "min_positive_traces": 1, "min_negative_traces": 1,
+        "learning_rate": 1e-4, "warmup_steps": 0, "token_budget": 4096, "save_every": 1,
+    },
+    "stages": [{"name": "tiny", "steps": 2, "max_response_tokens": 200, "max_turns": 2}],
+}
+PROBLEMS = [
+    ("What is 4821 times 937?", "4517277"), ("What is 123456 modulo 97?", str(123456 % 97)),
+    ("What is the sum of the integers from 17 to 2024?", str(sum(range(17, 2025)))), ("How many positive divisors does 5040 have?", "60"),
+    ("What is 7 to the power 123 modulo 1000?", str(pow(7, 123, 1000))), ("What is 98765 times 4321?", str(98765 * 4321)),
+    ("Compute 1^2 + 2^2 + ... + 300^2.", str(sum(k * k for k in range(301)))), ("What is 2 to the power 40?", str(2**40)),
+]
+
+
+def write_problems(path: Path) -> Path:
+    path.write_text("".join(json.dumps({"problem": p, "answer": a}) + "\n" for p, a in PROBLEMS))
+    return path
+
+
+def test_two_grpo_steps_train_the_weights_the_engine_then_serves(engine, loop_thread, default_model_dir, tmp_path, restore_engine_weights):
+    store = RunStore(open_database(f"sqlite:///{tmp_path / 'rstar.db'}"))
+    recipe = parse_recipe(TINY, "tiny")
+    spec = RunSpec("two-steps", tmp_path / "run", recipe, default_model_dir, "inline", engine.dtype)
+    problems = [Problem(str(i), p, a) for i, (p, a) in enumerate(PROBLEMS)]
+    version = engine.weight_version
+
+    async def go():
+        async with LocalClient(SandboxSettings(uid_base=64600)) as sandbox:
+            return await train_grpo(RolloutEnv(engine, rstar_template(engine.tokenizer), sandbox), spec, problems, store)
+
+    assert loop_thread.run(go(), timeout=900) == "finished"
+    run = store.get("two-steps")
+    assert run["status"] == "finished" and [s["step"] for s in run["steps"]] == [1, 2]
+    trained = [s for s in run["steps"] if s["trained"]]
+    assert trained, f"no step had a group with mixed rewards: {[(s['reward_mean'], s['groups_dropped_equal']) for s in run['steps']]}"
+    for step in trained:
+        assert step["probe_gap"] < 0.15  # the engine's logprobs match the trainer's new weights
+        assert step["train_tokens"] > 0 and step["grad_norm"] > 0
+    assert engine.weight_version == version + len(trained)
+    assert run["steps"][-1]["tool_call_rate"] > 0  # the tuned default model calls its tool
+
+    base = load_file(str(default_model_dir / "model.safetensors"))
+    final = load_file(str(tmp_path / "run" / "checkpoint-2" / "model.safetensors"))
+    changed = sum(not torch.equal(base[name].float(), final[name].float()) for name in base)
+    assert changed > len(base) // 2
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 10_000
+
+
+def test_a_run_over_the_api_trains_the_serving_engine_while_it_answers(live_server, restore_engine_weights):
+    data = write_problems(live_server.settings.data_dir / "problems.jsonl")
+    recipe = live_server.settings.data_dir / "tiny.toml"
+    recipe.write_text(toml_text(TINY | {"stages": [{"name": "tiny", "steps": 2, "max_response_tokens": 200, "max_turns": 2}]}))
+    with httpx.Client(base_url=live_server.base_url, timeout=120) as client:
+        started = client.post("/v1/rl/runs", json={"recipe": str(recipe), "data": str(data), "run_id": "api-run"})
+        assert started.status_code == 202, started.text
+        assert started.json()["status"] == "running"
+        second = client.post("/v1/rl/runs", json={"recipe": str(recipe), "data": str(data), "run_id": "api-run-2"})
+        assert second.status_code == 409 and second.json()["error"]["code"] == "run_in_progress"
+
+        # The API keeps answering during the run, and says which weights answered.
+        fingerprints = set()
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            reply = client.post("/v1/chat/completions", json={"model": "default", "messages": [{"role": "user", "content": "What is 6 times 7?"}], "max_tokens": 40, "temperature": 0})
+            assert reply.status_code == 200
+            fingerprints.add(reply.json()["system_fingerprint"])
+            run = client.get("/v1/rl/runs/api-run").json()
+            if run["status"] != "running":
+                break
+            time.sleep(1)
+        assert run["status"] == "finished", run
+        assert [s["step"] for s in run["steps"]] == [1, 2]
+        assert all(f.startswith("rstar-weights-v") for f in fingerprints)
+        listed = client.get("/v1/rl/runs").json()["data"]
+        assert "api-run" in [r["id"] for r in listed]
+        assert client.get("/v1/rl/runs/nope").status_code == 404
+
+
+def test_api_refuses_bad_requests_with_openai_errors(live_server):
+    with httpx.Client(base_url=live_server.base_url, timeout=30) as client:
+        outside = client.post("/v1/rl/runs", json={"recipe": "cpu", "data": "/etc/passwd"})
+        assert outside.status_code == 400 and "outside the directories" in outside.json()["error"]["message"]
+        bad_recipe = client.post("/v1/rl/runs", json={"recipe": "no-such-recipe", "data": "x.jsonl"})
+        assert bad_recipe.status_code == 400 and bad_recipe.json()["error"]["param"] == "recipe"
+        missing = client.post("/v1/rl/runs", json={"recipe": "cpu", "data": str(live_server.settings.data_dir / "none.jsonl")})
+        assert missing.status_code == 400 and missing.json()["error"]["param"] == "data"
+        unknown_key = client.post("/v1/rl/runs", json={"recipe": "cpu", "data": "x.jsonl", "config": {"lr": 1}})
+        assert unknown_key.status_code == 400 and "lr: unknown key" in unknown_key.json()["error"]["message"]
+
+
+def toml_text(recipe: dict) -> str:
+    lines = [f'name = "{recipe["name"]}"', "[config]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in recipe["config"].items()]
+    for stage in recipe["stages"]:
+        lines.append("[[stages]]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in stage.items()]
+    return "\n".join(lines) + "\n"
+
+
+def run_steps(db: Path, run_id: str) -> list[int]:
+    with sqlite3.connect(db) as connection:
+        return [row[0] for row in connection.execute("select step from rl_steps where run_id = ? order by step", (run_id,))]
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_path):
+    """`rstar rl train` in its own process (its own engine), killed with SIGKILL after its first checkpoint,
+    then the same command: it finishes from that checkpoint, and every step is stored exactly once."""
+    recipe = tmp_path / "tiny.toml"
+    recipe.write_text(toml_text(TINY | {"stages": [{"name": "tiny", "steps": 3, "max_response_tokens": 160, "max_turns": 2}]}))
+    data = write_problems(tmp_path / "problems.jsonl")
+    db = tmp_path / "rstar.db"
+    env = {**os.environ, "RSTAR_DATA_DIR": str(tmp_path / "data"), "RSTAR_DATABASE_URL": f"sqlite:///{db}",
+           "RSTAR_ENGINE__MAX_MODEL_LEN": "2048", "RSTAR_SANDBOX__UID_BASE": "64800", "COLUMNS": "200"}
+    command = [sys.executable, "-m", "rstar.cli", "rl", "train", str(recipe), "--data", str(data), "--run-id", "killed"]
+    first = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    run_dir = tmp_path / "data" / "rl_runs" / "killed"
+    try:
+        deadline = time.time() + 600
+        while not (run_dir / "checkpoint-1").exists():
+            assert first.poll() is None, first.stderr.read().decode()[-3000:]
+            assert time.time() < deadline, "no checkpoint in 10 minutes"
+            time.sleep(0.5)
+        os.killpg(first.pid, signal.SIGKILL)  # the trainer and its engine process, as an OOM kill or power loss would
+    finally:
+        first.wait(60)
+    before = run_steps(db, "killed")
+    assert before and before[-1] < 3, f"the run finished before it was killed: {before}"
+    checkpointed = json.loads((run_dir / "checkpoint-1" / "trainer_state.json").read_text())
+    assert checkpointed["step"] == 1 and checkpointed["data_cursor"] == 4
+
+    second = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "killed: finished" in second.stdout
+    assert run_steps(db, "killed") == [1, 2, 3]
+    with sqlite3.connect(db) as connection:
+        status, step = connection.execute("select status, step from rl_runs where id = 'killed'").fetchone()
+    assert (status, step) == ("finished", 3)
+    state = json.loads((run_dir / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["step"] == 3 and state["data_cursor"] == 12  # 3 steps x 4 problems, none taken twice
+
+
+def test_a_short_sft_lowers_the_loss_on_the_real_model(base_model_dir, tmp_path):
+    from rstar.rl.sft import SFTConfig, SFTSpec, train_sft
+    from rstar.rl.sft_data import build_conversations, generate_problems
+    from rstar.rl.sft_encoding import encode_conversation
+    from rstar.server.builtin_tools import SandboxExecutor
+    from transformers import AutoTokenizer
+
+    async def conversations():
+        async with LocalClient(SandboxSettings(uid_base=64700)) as sandbox:
+            return await build_conversations(generate_problems(5, 8, "train"), SandboxExecutor(sandbox))
+
+    examples = asyncio.run(conversations())
+    template = rstar_template(AutoTokenizer.from_pretrained(base_model_dir))
+    encoded = [encode_conversation(template, example.messages) for example in examples]
+    store = RunStore(open_database(f"sqlite:///{tmp_path / 'rstar.db'}"))
+    config = SFTConfig(epochs=4, examples_per_step=8, learning_rate=2e-3, warmup_ratio=0, lora_rank=4, lora_alpha=8, save_every=2)
+    spec = SFTSpec("short-sft", tmp_path / "run", base_model_dir, "inline")
+    assert train_sft(spec, config, encoded, store) == "finished"
+    losses = [s["loss"] for s in store.get("short-sft")["steps"]]
+    assert len(losses) == 4 and losses[-1] < 0.8 * losses[0], losses
+    assert (tmp_path / "run" / "delta.safetensors").stat().st_size < 10_000_000
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
