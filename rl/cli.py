@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -48,6 +49,17 @@ def _run_id(given: str | None, kind: str) -> str:
             raise _fail(f"--run-id must be 1-64 characters without '/': {given!r}")
         return given
     return new_run_id(kind)
+
+
+def _interrupt_on_sigterm() -> None:
+    """`kill` (SIGTERM) stops a run the way Ctrl-C does: the engine and sandbox shut down, the run stays
+    resumable from its last checkpoint. (Python's default for SIGTERM skips all cleanup and leaves vLLM's
+    engine processes running on their own.)"""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _progress() -> Progress:
@@ -121,6 +133,7 @@ def sft_command(
     run_id = _run_id(run_id, "sft")
     spec = SFTSpec(run_id=run_id, run_dir=settings.data_dir / "rl_runs" / run_id, model_dir=Path(resolved.path), data=str(data))
     console.print(f"sft run [bold]{run_id}[/bold]: {len(examples)} conversations, {resolved.name}, {'LoRA rank ' + str(config.lora_rank) if config.lora_rank else 'full fine-tune'}; run dir {spec.run_dir}", highlight=False)
+    _interrupt_on_sigterm()
     with _progress() as bars:
         task = bars.add_task("sft", total=None, summary="")
         status = train_sft(spec, config, examples, _store(settings), lambda step, total, m: bars.update(task, completed=step, total=total, summary=_summary(m)))
@@ -151,6 +164,7 @@ def train_command(
     except (RecipeError, DataError, ValueError) as exc:
         raise _fail(str(exc)) from None
     run_id = _run_id(run_id, "grpo")
+    _interrupt_on_sigterm()
     status = asyncio.run(_train_in_process(settings, loaded, problems, data, run_id, ray=ray_address is not None))
     typer.echo(f"run {run_id}: {status}")
 
