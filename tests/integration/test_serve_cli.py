@@ -12,6 +12,8 @@ import httpx
 import openai
 import psutil
 import pytest
+
+from tests.conftest import DEFAULT_MODEL_NAME
 from sqlalchemy import select
 
 from rstar.server.db import Conversation, open_database
@@ -36,14 +38,14 @@ def rstar_serve(tmp_path_factory, default_model_dir):
 def test_models_lists_the_default_model(rstar_serve):
     _, base_url, _ = rstar_serve
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused")
-    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
+    assert [m.id for m in client.models.list().data] == [DEFAULT_MODEL_NAME]
 
 
 def test_openai_client_chat_completion(rstar_serve):
     _, base_url, data_dir = rstar_serve
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused")
     completion = client.chat.completions.create(
-        model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=24, temperature=0
+        model=DEFAULT_MODEL_NAME, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=24, temperature=0
     )
     choice = completion.choices[0]
     assert choice.message.content.strip()
@@ -59,7 +61,7 @@ def test_openai_client_streaming(rstar_serve):
     _, base_url, _ = rstar_serve
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused")
     stream = client.chat.completions.create(
-        model="SmolLM2-135M-Instruct",
+        model=DEFAULT_MODEL_NAME,
         messages=[{"role": "user", "content": "Count from one to five."}],
         max_tokens=20,
         temperature=0,
