@@ -20,6 +20,7 @@ from rstar.server.builtin_tools import PYTHON_TOOL, SandboxExecutor, builtin_too
 from rstar.server.chat_template import rstar_template, tojson
 from rstar.server.tool_calls import parse_tool_calls
 from tests.loop_thread import LoopThread
+from tests.unit.golden_files import check_json
 
 # Pools of their own cell uids: apart from the session pools (63000, 64000) that may be up at the same time.
 MODULE_POOL_UID_BASE = 66000
@@ -82,25 +83,30 @@ def read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def every_program(samples_per_phrasing: int):
-    """(phrasing id, program, answer) for every program style of every phrasing, on several drawn numbers."""
+def distinct_computations():
+    """Every computation some phrasing uses, once (word stories bring their own samplers)."""
+    by_id = {id(phrasing.computation): phrasing.computation for family in FAMILIES for phrasing in family.phrasings}
+    return list(by_id.values())
+
+
+def every_program(samples_per_computation: int):
+    """(computation name, program, answer) for every program style of every computation, on several drawn numbers."""
     rng = random.Random(2024)
-    for family in FAMILIES:
-        for index, phrasing in enumerate(family.phrasings):
-            for _ in range(samples_per_phrasing):
-                fields = phrasing.computation.sample(rng)
-                answer = str(phrasing.computation.answer(fields))
-                for program in phrasing.computation.programs:
-                    yield f"{family.name}/{index}", program.format(**fields), answer
+    for computation in distinct_computations():
+        for _ in range(samples_per_computation):
+            fields = computation.sample(rng)
+            answer = str(computation.answer(fields))
+            for program in computation.programs:
+                yield computation.name, program.format(**fields), answer
 
 
 # --- the programs ---------------------------------------------------------------------------------------
 
 
 def test_every_program_prints_exactly_the_answer(sandbox):
-    cases = list(every_program(samples_per_phrasing=3))
+    cases = list(every_program(samples_per_computation=4))
     results = sandbox.run_all([code for _, code, _ in cases])
-    wrong = [(pid, code, result) for (pid, code, answer), result in zip(cases, results)
+    wrong = [(name, code, result) for (name, code, answer), result in zip(cases, results)
              if not result.success or result.stdout != answer + "\n"]
     assert not wrong, wrong[:3]
 
@@ -108,7 +114,7 @@ def test_every_program_prints_exactly_the_answer(sandbox):
 def test_planted_bugs_fail_in_the_sandbox_with_the_error_they_name(sandbox):
     rng = random.Random(5)
     cases = []
-    for _, code, _ in every_program(samples_per_phrasing=1):
+    for _, code, _ in every_program(samples_per_computation=1):
         for maker, error in [(sft_data.misspelled_name, "NameError"), (sft_data.missing_import, "NameError"),
                              (sft_data.string_concatenation, "TypeError")]:
             bug = maker(code, rng)
@@ -140,26 +146,120 @@ def test_a_wrong_answer_raises(sandbox):
 # --- families and splits --------------------------------------------------------------------------------
 
 
-def test_families_have_at_least_six_phrasings_and_hold_out_the_last_ones():
-    assert {family.name for family in FAMILIES} == {"product", "modular", "range_sum", "divisors", "equation", "word"}
+# The held-out phrasings as they were measured: their texts must not change (their ids may).
+HELDOUT_TEXTS = {
+    "product": ["Multiply {a} by {b}. What is the result?", "Determine the exact value of {a} \u00b7 {b}."],
+    "modular": ["What remainder does {a} leave on division by {m}?", "Evaluate ${a}^{{{b}}} \\bmod {m}$."],
+    "range_sum": ["Evaluate $\\sum_{{i={a}}}^{{{b}}} i$.", "What is $\\sum_{{k=1}}^{{{n}}} k^2$?"],
+    "divisors": ["Compute $d({n})$, the number of positive divisors of {n}.",
+                 "The integer {n} has how many positive divisors?"],
+    "equation": ["Find the integer x such that {equation}.", "What is the greatest solution of {equation}?"],
+    "word": ["Raffle tickets are numbered from 1 to {last:,}. Every ticket whose number is a multiple of {k} wins "
+             "that many dollars. How many dollars are paid out in total?",
+             "A shop charges a fixed fee of ${b} plus ${a} per pen. A customer's bill is ${c}. How many pens did "
+             "the customer buy?"],
+}
+
+
+def test_families_have_at_least_twelve_training_phrasings_and_hold_out_the_last_ones():
+    assert [family.name for family in FAMILIES] == list(HELDOUT_TEXTS)
     for family in FAMILIES:
-        assert len(family.phrasings) >= 6
         train, heldout = family.phrasing_ids("train"), family.phrasing_ids("heldout")
-        assert len(heldout) == HELDOUT_PHRASINGS_PER_FAMILY
+        assert len(train) >= 12 and len(heldout) == HELDOUT_PHRASINGS_PER_FAMILY
         assert train + heldout == [f"{family.name}/{i}" for i in range(len(family.phrasings))]
+        assert [sft_data.phrasing_by_id(pid).text for pid in heldout] == HELDOUT_TEXTS[family.name]
+    texts = [phrasing.text for family in FAMILIES for phrasing in family.phrasings]
+    assert len(texts) == len(set(texts))
 
 
-def test_equations_read_as_written_by_hand_and_as_code():
-    assert sft_data.polynomial([2, -3, 1], code=False) == "2x^2 - 3x + 1"
-    assert sft_data.polynomial([2, -3, 1], code=True) == "2*x**2 - 3*x + 1"
-    assert sft_data.polynomial([-1, 0, 5], code=False) == "-x^2 + 5"
+def test_the_heldout_problems_of_seed_zero_are_the_ones_measured():
+    """Training phrasings may change; held-out problems stay comparable (numbers and answers included)."""
+    check_json("rl/sft_heldout_seed0.json", [[e.problem, e.answer] for e in generate_problems(0, 200, "heldout")])
+
+
+def training_computations(family) -> Counter:
+    return Counter(sft_data.phrasing_by_id(pid).computation.name for pid in family.phrasing_ids("train"))
+
+
+def test_every_computation_is_trained_in_several_phrasings():
+    for family in FAMILIES:
+        counts = training_computations(family)
+        assert min(counts.values()) >= 2, (family.name, counts)
+        heldout = {sft_data.phrasing_by_id(pid).computation.name for pid in family.phrasing_ids("heldout")}
+        assert heldout <= set(counts), family.name
+    stories = training_computations(sft_data.FAMILIES_BY_NAME["word"])
+    for name in ("product", "remainder", "power_mod", "range_sum", "square_sum", "multiple_sum", "divisor_count",
+                 "linear", "positive_root"):
+        assert stories[name] >= 2, (name, stories)
+
+
+@pytest.mark.parametrize("family_name, notations", [
+    ("product", ["×", "·", "*", "\\times", "\\cdot", "times", ":,}"]),
+    ("modular", ["^{{{b}}}", "\\pmod", "\\bmod", "**", "%", "≡", "modulo", ":,}"]),
+    ("range_sum", ["\\sum_", "\\cdots", "...", "²", "**2", ":,}"]),
+    ("divisors", ["{factored}", "{factored_latex}", "{factored_code}", "{factored_times}", "\\tau", ":,}"]),
+    ("equation", ["{equation}", "{equation_sup}", "{equation_code}", "${equation}$"]),
+])
+def test_training_phrasings_show_each_notation(family_name, notations):
+    texts = [sft_data.phrasing_by_id(pid).text for pid in sft_data.FAMILIES_BY_NAME[family_name].phrasing_ids("train")]
+    assert all(any(notation in text for text in texts) for notation in notations), texts
+
+
+def test_every_phrasing_formats_with_its_computations_fields():
+    rng = random.Random(8)
+    for family in FAMILIES:
+        for phrasing in family.phrasings:
+            for _ in range(5):
+                fields = phrasing.computation.sample(rng)
+                assert phrasing.text.format(**fields)  # every field the text names is drawn
+                assert "\\boxed{1}" in (phrasing.conclusion or phrasing.computation.conclusion).format(answer=1)
+
+
+def test_polynomials_and_equations_in_every_notation():
+    assert sft_data.polynomial([2, -3, 1]) == "2x^2 - 3x + 1"
+    assert sft_data.polynomial([2, -3, 1], "unicode") == "2x\u00b2 - 3x + 1"
+    assert sft_data.polynomial([2, -3, 1], "code") == "2*x**2 - 3*x + 1"
+    assert sft_data.polynomial([-1, 0, 5]) == "-x^2 + 5"
+    assert sft_data.polynomial([0, 0, 0]) == "0"
     assert sft_data.linear_fields(7, -12, 30)["equation"] == "7x - 12 = 30"
+    fields = sft_data.equation_fields([2, 0, 132], [0, 50, 0])
+    assert fields["equation"] == "2x^2 + 132 = 50x"
+    assert fields["equation_sup"] == "2x\u00b2 + 132 = 50x"
+    assert fields["equation_code"] == "2*x**2 + 132 = 50*x"
+    assert (fields["lhs"], fields["rhs"], fields["expr"]) == ("2*x**2 + 132", "50*x", "2*x**2 + 132 - (50*x)")
+    assert sft_data.equation_fields([8, -406], [-462])["expr"] == "8*x - 406 - (-462)"
+    assert sft_data.equation_fields([1, -5, 6], [0])["expr"] == "x**2 - 5*x + 6"
 
 
-def test_equation_programs_use_sympy():
-    equation = next(family for family in FAMILIES if family.name == "equation")
+def test_factorizations_in_every_notation():
+    fields = sft_data.factored_fields(2**3 * 3**2 * 5)
+    assert fields == {"factored": "2^3 · 3^2 · 5", "factored_times": "2^3 × 3^2 × 5",
+                      "factored_latex": "2^{3} \\cdot 3^{2} \\cdot 5", "factored_code": "2**3 * 3**2 * 5",
+                      "exponents": "[3, 2, 1]"}
+    assert sft_data.count_divisors(360) == 24 and sft_data.sum_divisors(360) == 1170
+
+
+def test_training_equations_take_every_form():
+    rng = random.Random(3)
+    linear = [sft_data.sample_linear_any_form(rng) for _ in range(300)]
+    assert any(re.fullmatch(r"-?\d+ = .*x.*", f["equation"]) for f in linear)  # x on the right
+    assert any(re.fullmatch(r".*x.* = .*x.*", f["equation"]) for f in linear)  # on both sides
+    assert any(re.fullmatch(r".*x.* = -\d+", f["equation"]) for f in linear)
+    assert any(re.fullmatch(r".*x.* = \d+", f["equation"]) for f in linear)
+    quadratic = [sft_data.sample_quadratic_any_form(rng) for _ in range(300)]
+    leading = {match.group(1) for f in quadratic if (match := re.match(r"(-?\d+)\*x\*\*2 ", f["equation_code"]))}
+    assert {"2", "-3"} <= leading
+    assert any(f["equation"].endswith(" = 0") for f in quadratic)
+    assert any("x" in f["equation"].split(" = ")[1] for f in quadratic)
+    assert any(re.search(r"\d = -?\d+$", f["equation"]) for f in quadratic)  # the constant moved over
+
+
+def test_equation_programs_use_sympy_and_keep_both_sides():
+    equation = sft_data.FAMILIES_BY_NAME["equation"]
     for phrasing in equation.phrasings:
-        assert all("from sympy import" in program and "solve" in program for program in phrasing.computation.programs)
+        for program in phrasing.computation.programs:
+            assert "from sympy import" in program and "solve" in program
+            assert "Eq({lhs}, {rhs})" in program or "solve({expr}, x)" in program
 
 
 def test_splits_share_no_phrasing_and_no_problem(seed_seven):
