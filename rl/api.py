@@ -91,17 +91,11 @@ def mount_rl(app: FastAPI, settings: Settings, dependencies: list) -> None:
 
     @router.get("/runs/{run_id}")
     def get_run(run_id: str) -> dict:
-        try:
-            return store.get(run_id)
-        except UnknownRun:
-            raise APIError(404, f"No RL run with id {run_id!r}.", "run_id", "run_not_found") from None
+        return _known(store.get, run_id)
 
     @router.post("/runs/{run_id}/cancel")
     def cancel_run(run_id: str) -> dict:
-        try:
-            return store.request_cancel(run_id)
-        except UnknownRun:
-            raise APIError(404, f"No RL run with id {run_id!r}.", "run_id", "run_not_found") from None
+        return _known(store.request_cancel, run_id)
 
     app.include_router(router)
 
@@ -120,6 +114,13 @@ def mount_rl(app: FastAPI, settings: Settings, dependencies: list) -> None:
                     await asyncio.gather(task, return_exceptions=True)
 
     app.router.lifespan_context = lifespan
+
+
+def _known(action, run_id: str) -> dict:
+    try:
+        return action(run_id)
+    except UnknownRun:
+        raise APIError(404, f"No RL run with id {run_id!r}.", "run_id", "run_not_found") from None
 
 
 async def _execute(env: RolloutEnv, spec: RunSpec, problems, store: RunStore) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,18 +60,21 @@ def load_problems(source: str) -> list[Problem]:
     raise DataError(f"{source}: no such file or directory")
 
 
-def _load_jsonl(path: Path) -> list[Problem]:
-    problems = []
+def jsonl_rows(path: str | Path, error: type[ValueError] = DataError) -> Iterator[tuple[str, object]]:
+    """(where, decoded row) for each non-blank line; `where` is "path:line" for messages. Bad JSON raises `error`."""
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             where = f"{path}:{number}"
             try:
-                row = json.loads(line)
+                yield where, json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
-            problems.append(problem_from_row(row, where))
+                raise error(f"{where}: not valid JSON ({exc.msg})") from None
+
+
+def _load_jsonl(path: Path) -> list[Problem]:
+    problems = [problem_from_row(row, where) for where, row in jsonl_rows(path)]
     if not problems:
         raise DataError(f"{path}: no problems in the file")
     return problems

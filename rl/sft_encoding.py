@@ -10,10 +10,10 @@ results and the template's own text between turns carry none (mask 0).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rstar.rl.data import jsonl_rows
 from rstar.server.builtin_tools import PYTHON_TOOL, builtin_tool_schemas
 from rstar.server.chat_template import ChatTemplate
 from rstar.server.tool_results import tool_turn_ids
@@ -88,19 +88,11 @@ def encode_conversation(template: ChatTemplate, messages: Sequence[Mapping], too
 def read_conversations(path: str) -> list[tuple[str, list[dict], list[dict] | None]]:
     """(where, messages, tools) for each line of a JSONL file of `{"messages": [...], "tools"?: [...]}` rows."""
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConversationError(f"{where}: not valid JSON ({exc.msg})") from None
-            messages = row.get("messages") if isinstance(row, dict) else None
-            if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-                raise ConversationError(f"{where}: 'messages' must be a list of objects with a 'role'")
-            rows.append((where, messages, row.get("tools")))
+    for where, row in jsonl_rows(path, ConversationError):
+        messages = row.get("messages") if isinstance(row, dict) else None
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise ConversationError(f"{where}: 'messages' must be a list of objects with a 'role'")
+        rows.append((where, messages, row.get("tools")))
     if not rows:
         raise ConversationError(f"{path}: no conversations in the file")
     return rows

