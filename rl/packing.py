@@ -61,88 +61,126 @@ class Tree:
 
 @dataclass
 class ForwardBatch:
-    """One forward pass: a prefix (possibly empty) and the branches that continue it."""
+    """One forward pass: T prefixes (right-padded, possibly empty) and the branches that continue them."""
 
-    prefix_ids: torch.Tensor  # [1, P]
+    prefix_ids: torch.Tensor  # [T, P] right-padded with 0 (P = 0 when no tree has a prefix)
+    prefix_lengths: torch.Tensor  # [T]
     branch_ids: torch.Tensor  # [B, L] right-padded with 0
-    predict_from: torch.Tensor  # [N] index into concat(prefix states [P], branch states [B * L])
+    branch_prefix: torch.Tensor  # [B] which prefix row each branch continues
+    predict_from: torch.Tensor  # [N] index into concat(prefix states [T * P], branch states [B * L])
     targets: torch.Tensor  # [N] the loss tokens
-    owners: torch.Tensor  # [N] which branch each loss token belongs to (index into `branch_keys`)
-    branch_keys: list[tuple[int, int]]  # (tree index, branch index) of each batch row
+    owners: torch.Tensor  # [N] which branch row each loss token belongs to (index into `branch_keys`)
+    branch_keys: list[tuple[int, int]]  # (tree index, branch index) of each branch row
     values: dict[str, torch.Tensor]  # name -> [N]
-    num_tokens: int  # real tokens computed: P + the branches' lengths
+    num_tokens: int  # real tokens computed: the prefixes' and the branches' lengths
 
     @property
     def num_loss_tokens(self) -> int:
         return self.targets.shape[0]
 
 
-def pack(trees: Sequence[Tree], token_budget: int) -> list[ForwardBatch]:
-    """Forward batches of at most `token_budget` computed tokens (prefix + branches padded to the longest).
+Part = tuple[int, list[int]]  # (tree index, branch indices): a tree, or the branches of it that share a batch
 
-    A tree whose branches do not fit in one batch is split by branches, each part with its own copy of the
-    prefix; branches are sorted by length first, so each part pads little. A prefix with one branch longer
-    than the budget still gets a batch of its own.
+
+def pack(trees: Sequence[Tree], token_budget: int) -> list[ForwardBatch]:
+    """Forward batches of at most `token_budget` computed tokens, padding included.
+
+    A tree whose branches do not fit in one batch is split by branches (longest first, so each part pads
+    little), each part with its own copy of the prefix; small trees share a batch, so a step of many short
+    prompts is a few forward passes, not one per prompt. A prefix with one branch longer than the budget
+    still gets a batch of its own.
     """
     if token_budget < 1:
         raise ValueError("token_budget must be positive")
-    batches = []
+    parts: list[Part] = []
     for tree_index, tree in enumerate(trees):
         order = sorted(range(len(tree.branches)), key=lambda b: len(tree.branches[b].token_ids), reverse=True)
-        part: list[int] = []
+        current: list[int] = []
         for branch_index in order:
-            longest = len(tree.branches[part[0]].token_ids) if part else len(tree.branches[branch_index].token_ids)
-            if part and len(tree.prefix) + longest * (len(part) + 1) > token_budget:
-                batches.append(_layout(tree_index, tree, part))
-                part = []
-            part.append(branch_index)
-        if part:
-            batches.append(_layout(tree_index, tree, part))
-    return batches
+            if current and _cost(trees, [(tree_index, [*current, branch_index])]) > token_budget:
+                parts.append((tree_index, current))
+                current = []
+            current.append(branch_index)
+        if current:
+            parts.append((tree_index, current))
+    batches: list[list[Part]] = []
+    for part in parts:
+        if batches and _cost(trees, [*batches[-1], part]) <= token_budget:
+            batches[-1].append(part)
+        else:
+            batches.append([part])
+    return [_layout(trees, batch) for batch in batches]
 
 
-def _layout(tree_index: int, tree: Tree, branch_indices: list[int]) -> ForwardBatch:
-    prefix_len = len(tree.prefix)
-    width = max(len(tree.branches[b].token_ids) for b in branch_indices)
-    names = sorted({name for b in branch_indices for name in tree.branches[b].values})
-    rows, predict_from, targets, owners = [], [], [], []
+def _cost(trees: Sequence[Tree], parts: list[Part]) -> int:
+    """Token slots one forward pass computes for these parts: prefixes and branches padded to their longest."""
+    prefix = max(len(trees[t].prefix) for t, _ in parts)
+    branches = [len(trees[t].branches[b].token_ids) for t, indices in parts for b in indices]
+    return len(parts) * prefix + len(branches) * max(branches)
+
+
+def _layout(trees: Sequence[Tree], parts: list[Part]) -> ForwardBatch:
+    prefix_width = max(len(trees[t].prefix) for t, _ in parts)
+    width = max(len(trees[t].branches[b].token_ids) for t, indices in parts for b in indices)
+    names = sorted({name for t, indices in parts for b in indices for name in trees[t].branches[b].values})
+    prefix_rows, prefix_lengths, rows, branch_prefix, branch_keys = [], [], [], [], []
+    predict_from, targets, owners = [], [], []
     values: dict[str, list[float]] = {name: [] for name in names}
-    for row, branch_index in enumerate(branch_indices):
-        branch = tree.branches[branch_index]
-        rows.append(branch.token_ids + [0] * (width - len(branch.token_ids)))
-        for offset, (token, loss) in enumerate(zip(branch.token_ids, branch.loss_mask)):
-            if not loss:
-                continue
-            predict_from.append(prefix_len + row * width + offset - 1 if offset else prefix_len - 1)
-            targets.append(token)
-            owners.append(row)
-            for name in names:
-                values[name].append(branch.values[name][offset] if name in branch.values else 0.0)
+    branch_base = len(parts) * prefix_width  # branch states follow every prefix state, flat
+    for prefix_row, (tree_index, branch_indices) in enumerate(parts):
+        tree = trees[tree_index]
+        prefix_rows.append(tree.prefix + [0] * (prefix_width - len(tree.prefix)))
+        prefix_lengths.append(len(tree.prefix))
+        last_prefix_state = prefix_row * prefix_width + len(tree.prefix) - 1
+        for branch_index in branch_indices:
+            branch = tree.branches[branch_index]
+            row = len(rows)
+            rows.append(branch.token_ids + [0] * (width - len(branch.token_ids)))
+            branch_prefix.append(prefix_row)
+            branch_keys.append((tree_index, branch_index))
+            for offset, (token, loss) in enumerate(zip(branch.token_ids, branch.loss_mask)):
+                if not loss:
+                    continue
+                predict_from.append(branch_base + row * width + offset - 1 if offset else last_prefix_state)
+                targets.append(token)
+                owners.append(row)
+                for name in names:
+                    values[name].append(branch.values[name][offset] if name in branch.values else 0.0)
     return ForwardBatch(
-        prefix_ids=torch.tensor([tree.prefix], dtype=torch.long).reshape(1, prefix_len),
+        prefix_ids=torch.tensor(prefix_rows, dtype=torch.long).reshape(len(parts), prefix_width),
+        prefix_lengths=torch.tensor(prefix_lengths, dtype=torch.long),
         branch_ids=torch.tensor(rows, dtype=torch.long),
+        branch_prefix=torch.tensor(branch_prefix, dtype=torch.long),
         predict_from=torch.tensor(predict_from, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
         owners=torch.tensor(owners, dtype=torch.long),
-        branch_keys=[(tree_index, b) for b in branch_indices],
+        branch_keys=branch_keys,
         values={name: torch.tensor(v, dtype=torch.float32) for name, v in values.items()},
-        num_tokens=prefix_len + sum(len(tree.branches[b].token_ids) for b in branch_indices),
+        num_tokens=sum(prefix_lengths) + sum(len(trees[t].branches[b].token_ids) for t, indices in parts for b in indices),
     )
 
 
 def hidden_states(decoder, batch: ForwardBatch, device: torch.device) -> torch.Tensor:
-    """The decoder's last hidden states, prefix rows then branch rows flat ([P + B * L, H])."""
+    """The decoder's last hidden states, prefix rows then branch rows flat ([T * P + B * L, H]).
+
+    Prefixes run as one right-padded batch (causal attention keeps pads out of every real token's view);
+    each branch then attends to its own prefix's cached keys and values, with that prefix's pad slots
+    masked, at positions continuing from the prefix's true length.
+    """
     branch_ids = batch.branch_ids.to(device)
     count, width = branch_ids.shape
-    prefix_len = batch.prefix_ids.shape[1]
-    if prefix_len == 0:
+    prefixes, prefix_width = batch.prefix_ids.shape
+    if prefix_width == 0:
         return decoder(input_ids=branch_ids).last_hidden_state.reshape(count * width, -1)
     prefix = decoder(input_ids=batch.prefix_ids.to(device), use_cache=True)
     cache = prefix.past_key_values
-    cache.batch_repeat_interleave(count)
-    positions = torch.arange(prefix_len, prefix_len + width, device=device).expand(count, width)
-    branches = decoder(input_ids=branch_ids, position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
-    return torch.cat([prefix.last_hidden_state[0], branches.reshape(count * width, -1)])
+    cache.batch_select_indices(batch.branch_prefix.to(device))
+    lengths = batch.prefix_lengths.to(device)[batch.branch_prefix.to(device)]
+    positions = lengths[:, None] + torch.arange(width, device=device)
+    real_prefix = torch.arange(prefix_width, device=device)[None, :] < lengths[:, None]
+    attention = torch.cat([real_prefix, torch.ones(count, width, dtype=torch.bool, device=device)], dim=1).long()
+    branches = decoder(input_ids=branch_ids, position_ids=positions, past_key_values=cache, attention_mask=attention, use_cache=True).last_hidden_state
+    return torch.cat([prefix.last_hidden_state.reshape(prefixes * prefix_width, -1), branches.reshape(count * width, -1)])
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:

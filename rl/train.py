@@ -63,9 +63,14 @@ def fitting_problems(env: RolloutEnv, problems: list[Problem], max_prompt_tokens
     return [p for p in problems if len(env.template.encode(prompt_messages(p), TOOLS)) <= max_prompt_tokens]
 
 
+PROBE_PROMPT_TOKENS = 48
+
+
 def probe_ids(env: RolloutEnv, problem: Problem) -> list[int]:
-    """A fixed sequence for the weight-sync probe: a rendered problem and a short tool-using answer."""
-    prompt = env.template.encode(prompt_messages(problem), TOOLS)
+    """A fixed sequence for the weight-sync probe: the end of a rendered problem and a short tool-using
+    answer. Short on purpose: every token's logprob is compared, and stale weights show on any of them,
+    while the engine pays a full-vocabulary logprob per prompt token (the whole 450-token prompt took 0.8 s)."""
+    prompt = env.template.encode(prompt_messages(problem), TOOLS)[-PROBE_PROMPT_TOKENS:]
     answer = env.template.encode_text("I will compute this with Python, then check the result.\n</reason>\n<answer>\n\\boxed{42}\n</answer>")
     return prompt + answer
 

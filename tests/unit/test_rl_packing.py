@@ -48,7 +48,7 @@ def random_trees():
     ]
 
 
-@pytest.mark.parametrize("budget", [1000, 20])
+@pytest.mark.parametrize("budget", [1000, 40, 20])
 def test_packed_batches_match_unpacked_forwards(tiny_model, budget):
     trees = random_trees()
     batches = pack(trees, token_budget=budget)
@@ -91,6 +91,16 @@ def test_layout_pads_right_and_points_each_loss_token_at_its_predictor():
     assert batch.targets.tolist() == [8, 9, 10]
     assert batch.values["advantage"].tolist() == [0.5, 0.5, -1.0]
     assert batch.num_tokens == 6
+
+
+def test_small_trees_share_one_forward_pass():
+    trees = [Tree([1, 2, 3], [Branch([4], [1]), Branch([5, 6], [1, 1])]), Tree([7], [Branch([8, 9, 10], [1, 1, 1])])]
+    (batch,) = pack(trees, token_budget=100)
+    assert batch.prefix_ids.tolist() == [[1, 2, 3], [7, 0, 0]] and batch.prefix_lengths.tolist() == [3, 1]
+    assert batch.branch_ids.tolist() == [[5, 6, 0], [4, 0, 0], [8, 9, 10]] and batch.branch_prefix.tolist() == [0, 0, 1]
+    # Branch states start after both prefixes (2 x 3 slots); tree 2's first token comes from its prefix's slot 3.
+    assert batch.predict_from.tolist() == [2, 6, 2, 3, 12, 13]
+    assert batch.num_tokens == 10
 
 
 def test_a_tree_over_budget_is_split_by_branches_longest_first_with_the_prefix_repeated():
