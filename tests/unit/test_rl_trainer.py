@@ -95,10 +95,12 @@ def test_rollout_logprobs_as_old_policy_and_truncated_is_weights_still_learn(tin
 def test_two_mini_batches_update_twice_against_the_old_policy(tiny_model_dir):
     policy = Policy(tiny_model_dir, "float32")
     trainer = GRPOTrainer(policy, config(mini_batches_per_step=2, token_budget=64))
-    groups = [[sample([20, 21, 22], 1.0), sample([30, 31, 32], 0.0)], [sample([40, 41], 1.0), sample([42], 0.0)]]
+    # Two groups of 30-token answers: 4 + 2 x 30 = 64 slots each, so each group is its own forward pass.
+    long = [list(range(10 + i, 40 + i)) for i in range(4)]
+    groups = [[sample(long[0], 1.0), sample(long[1], 0.0)], [sample(long[2], 1.0), sample(long[3], 0.0)]]
     stats = trainer.update(training_trees(groups, Selection({0: (0, 1), 1: (0, 1)}, 2, 0, 0, 0, 4, 2, 2)), config(mini_batches_per_step=2, token_budget=64))
     # The second mini-batch runs on weights the first update moved, against logprobs from before it.
-    assert stats["ratio_mean"] != pytest.approx(1.0, abs=1e-6)
+    assert stats["rows"] == 2 and stats["ratio_mean"] != pytest.approx(1.0, abs=1e-6)
     assert trainer.optimizer.state[next(iter(policy.trainable_parameters()))]["step"] == 2
 
 
