@@ -49,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -321,12 +322,13 @@ async def run(args, quick: bool) -> dict:
                 env = RolloutEnv(engine, template, sandbox)
                 policy = Policy(model_dir, dtype, gradient_checkpointing=config.gradient_checkpointing)
                 trainer = GRPOTrainer(policy, config)
-                sync = WeightSync(engine, policy, probe_ids(env, problems[0]), probe_tolerance(config, dtype, engine.dtype), engine.dtype)
+                torch_thread = ThreadPoolExecutor(max_workers=1)  # as train_grpo does: all torch work on one thread
+                sync = WeightSync(engine, policy, probe_ids(env, problems[0]), probe_tolerance(config, dtype, engine.dtype), engine.dtype, torch_thread)
                 state = TrainerState(step=0, data_cursor=0, model_identity=model_identity(Path(model_dir)))
                 rng = random.Random(f"{config.seed}/roc")
                 steps: list[dict] = []
                 for index in range(1 + our_steps):
-                    metrics = await run_step(env, trainer, sync, config, problems, state, rng, state.step)
+                    metrics = await run_step(env, trainer, sync, config, problems, state, rng, state.step, torch_thread)
                     state.step += 1
                     state.data_cursor += config.prompts_per_step
                     row = step_row(metrics, index, warmup=index == 0)

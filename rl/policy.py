@@ -97,6 +97,10 @@ class Policy:
         targets = batch.targets.to(self.device)
         return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
 
+    @torch.no_grad()
+    def no_grad_logprobs(self, batch: ForwardBatch, temperature: float = 1.0) -> torch.Tensor:
+        return self.logprobs(batch, temperature)
+
     def merged_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full model's weights under the base model's names (adapters merged in, fp32, detached)."""
         if self.lora is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from concurrent.futures import Executor
 import tempfile
 import time
 from collections.abc import Sequence
@@ -43,8 +44,9 @@ class SyncReport:
 class WeightSync:
     """Moves the policy's weights into the engine and checks the engine's logprobs against the trainer's."""
 
-    def __init__(self, engine: TokenEngine, policy: Policy, probe_ids: Sequence[int], tolerance: float, engine_dtype: str):
+    def __init__(self, engine: TokenEngine, policy: Policy, probe_ids: Sequence[int], tolerance: float, engine_dtype: str, torch_thread: Executor):
         self.engine = engine
+        self.torch_thread = torch_thread  # the trainer's one thread for torch work
         self.policy = policy
         self.probe_ids = list(probe_ids)
         self.tolerance = tolerance
@@ -57,7 +59,7 @@ class WeightSync:
         path = Path(self._dir.name) / "model.safetensors"
         tied = tied_names(self.policy.causal_lm)
         weights = ((name, tensor) for name, tensor in self.policy.merged_state_dict() if name not in tied)
-        await asyncio.to_thread(write_safetensors, weights, path, self.dtype)
+        await asyncio.get_running_loop().run_in_executor(self.torch_thread, write_safetensors, weights, path, self.dtype)
         written = time.perf_counter()
         await self.engine.reload_weights(self._dir.name)
         reloaded = time.perf_counter()
@@ -73,8 +75,7 @@ class WeightSync:
     async def probe(self) -> float:
         engine_logprobs = torch.tensor(await self.engine.prompt_logprobs(self.probe_ids))
         row = pack([Tree(self.probe_ids[:1], [Branch(self.probe_ids[1:], [1] * (len(self.probe_ids) - 1))])], len(self.probe_ids))[0]
-        with torch.no_grad():
-            trainer_logprobs = await asyncio.to_thread(self.policy.logprobs, row)
+        trainer_logprobs = await asyncio.get_running_loop().run_in_executor(self.torch_thread, self.policy.no_grad_logprobs, row)
         return (engine_logprobs - trainer_logprobs.cpu()).abs().mean().item()
 
     def close(self) -> None:
