@@ -110,17 +110,20 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def cache_problems(model_dir: Path) -> list[str]:
-    """Why `model_dir` is not a complete cache entry; empty when it is."""
+def cache_problems(model_dir: Path, source: str | None = None) -> list[str]:
+    """Why `model_dir` is not a complete cache entry (built from `source`, when given); empty when it is."""
     manifest_path = model_dir / MANIFEST_NAME
     if not model_dir.is_dir():
         return [f"{model_dir} does not exist"]
     if not manifest_path.is_file():
         return [f"{manifest_path} is missing (the pull did not finish)"]
     try:
-        expected = json.loads(manifest_path.read_text())["files"]
+        manifest = json.loads(manifest_path.read_text())
+        expected = manifest["files"]
     except (ValueError, KeyError) as exc:
         return [f"{manifest_path} is unreadable: {exc}"]
+    if source is not None and manifest.get("source") != source:
+        return [f"it was built from {manifest.get('source')!r}, this rstar ships {source!r}"]
     problems = []
     for name, digest in expected.items():
         path = model_dir / name
@@ -147,18 +150,25 @@ def pull_embedded_model(models_dir: Path, model: EmbeddedModel | TunedModel = SM
     """Make `models_dir/<name>` a complete checkpoint; a no-op when it already is."""
     if isinstance(model, TunedModel):
         base_dir = pull_embedded_model(models_dir, model.base, progress)
-        return _cache_entry(models_dir, model.name, lambda staged, work: _merge_tuned(model, base_dir, staged, progress), progress)
-    return _cache_entry(models_dir, model.name, lambda staged, work: _build_base(model, staged, work, progress), progress)
+        return _cache_entry(models_dir, model.name, entry_source(model), lambda staged, work: _merge_tuned(model, base_dir, staged, progress), progress)
+    return _cache_entry(models_dir, model.name, entry_source(model), lambda staged, work: _build_base(model, staged, work, progress), progress)
 
 
-def _cache_entry(models_dir: Path, name: str, build: Callable[[Path, Path], str], progress: Progress) -> Path:
-    """`models_dir/name`, built by `build(staged_dir, work_dir) -> source` unless a complete entry is there.
+def entry_source(model: EmbeddedModel | TunedModel) -> str:
+    """What a cache entry is built from, as its manifest records it: a new delta in a new rstar release
+    does not match a cached model merged from the old one, which is then rebuilt."""
+    if isinstance(model, TunedModel):
+        return f"{model.base.requirement} + {model.delta_file} sha256:{model.delta_sha256}"
+    return model.requirement
 
-    One process builds at a time; the entry is staged beside its place, given its manifest and renamed in.
-    """
+
+def _cache_entry(models_dir: Path, name: str, source: str, build: Callable[[Path, Path], None], progress: Progress) -> Path:
+    """`models_dir/name`, built from `source` by `build(staged_dir, work_dir)` unless a complete entry of that
+    source is there. One process builds at a time; the entry is staged beside its place, given its manifest
+    and renamed in."""
     target = models_dir / name
     with _exclusive(models_dir / f".{name}.lock"):
-        problems = cache_problems(target)
+        problems = cache_problems(target, source)
         if not problems:
             progress(f"{name} is cached at {target}")
             return target
@@ -166,7 +176,7 @@ def _cache_entry(models_dir: Path, name: str, build: Callable[[Path, Path], str]
             progress(f"cache entry incomplete ({'; '.join(problems)}); building it again")
         with tempfile.TemporaryDirectory(prefix=f".{name}.partial-", dir=models_dir) as work:
             staged = Path(work) / "model"
-            source = build(staged, Path(work))
+            build(staged, Path(work))
             _write_manifest(staged, source=source)
             if target.exists():
                 shutil.rmtree(target)
@@ -175,12 +185,11 @@ def _cache_entry(models_dir: Path, name: str, build: Callable[[Path, Path], str]
         return target
 
 
-def _build_base(model: EmbeddedModel, staged: Path, work: Path, progress: Progress) -> str:
+def _build_base(model: EmbeddedModel, staged: Path, work: Path, progress: Progress) -> None:
     _dequantize(_fetch_gguf(model, work, progress), staged, progress)
-    return model.requirement
 
 
-def _merge_tuned(model: TunedModel, base_dir: Path, staged: Path, progress: Progress) -> str:
+def _merge_tuned(model: TunedModel, base_dir: Path, staged: Path, progress: Progress) -> None:
     delta = MODELS_DIR / model.delta_file
     if (digest := sha256_file(delta)) != model.delta_sha256:
         raise ModelPullFailed(f"{delta} has sha256 {digest}, expected {model.delta_sha256}: the packaged delta is damaged; reinstall rstar")
@@ -194,7 +203,6 @@ def _merge_tuned(model: TunedModel, base_dir: Path, staged: Path, progress: Prog
             shutil.copyfile(path, staged / path.name)
     # The template it was trained on, so every tool that loads the directory renders the same prompt.
     shutil.copyfile(model.chat_template, staged / "chat_template.jinja")
-    return f"{model.base.requirement} + {model.delta_file}"
 
 
 def _fetch_gguf(model: EmbeddedModel, work_dir: Path, progress: Progress) -> Path:
@@ -257,7 +265,7 @@ def resolve_model(spec: str, models_dir: Path, *, pull: bool = True, progress: P
         target = models_dir / embedded.name
         if pull:
             return ResolvedModel(str(pull_embedded_model(models_dir, embedded, progress)), embedded.name, "embedded")
-        if not (problems := cache_problems(target)):
+        if not (problems := cache_problems(target, entry_source(embedded))):
             return ResolvedModel(str(target), embedded.name, "embedded")
         raise ModelNotFound(f"embedded model '{spec}' is not pulled ({'; '.join(problems)}); run `rstar model pull`")
     tried.append(f"embedded names ({', '.join(sorted(EMBEDDED_MODELS))})")

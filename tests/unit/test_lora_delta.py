@@ -68,15 +68,15 @@ def test_a_file_that_is_not_a_delta_is_refused(tmp_path):
 def fake_tuned(tmp_path, monkeypatch):
     """A TunedModel over a fake base entry already in the cache and a delta in a fake package dir."""
     models = tmp_path / "cache"
+    base = replace(model_store.SMOLLM2_135M, name="Base")
     base_dir = models / "Base"
     make_base(base_dir)
     (base_dir / "tokenizer.json").write_text("{}")
-    model_store._write_manifest(base_dir, source="test")
+    model_store._write_manifest(base_dir, source=model_store.entry_source(base))  # as if pulled
     package = tmp_path / "package"
     package.mkdir()
     write_delta(package / "d.safetensors", adapters(), base_dir, {})
     monkeypatch.setattr(model_store, "MODELS_DIR", package)
-    base = replace(model_store.SMOLLM2_135M, name="Base")
     tuned = replace(model_store.SMOLLM2_135M_TOOL, name="Tuned", base=base, delta_file="d.safetensors",
                     delta_sha256=model_store.sha256_file(package / "d.safetensors"))
     return models, tuned, package
@@ -89,6 +89,18 @@ def test_pull_merges_the_delta_and_writes_the_rstar_template(fake_tuned):
     assert (path / "chat_template.jinja").read_text() == model_store.RSTAR_TEMPLATE_PATH.read_text()
     assert (path / "tokenizer.json").is_file() and (path / "config.json").is_file()
     assert model_store.pull_embedded_model(models, tuned) == path  # cached: a no-op
+
+
+def test_a_cached_model_merged_from_another_delta_is_rebuilt(fake_tuned, tmp_path):
+    models, tuned, package = fake_tuned
+    first = model_store.pull_embedded_model(models, tuned)
+    before = (first / "model.safetensors").read_bytes()
+    write_delta(package / "d2.safetensors", {"model.layers.0.q_proj": (torch.ones(2, 3), torch.ones(4, 2), 1.0)}, models / "Base", {})
+    newer = replace(tuned, delta_file="d2.safetensors", delta_sha256=model_store.sha256_file(package / "d2.safetensors"))
+    messages = []
+    second = model_store.pull_embedded_model(models, newer, messages.append)
+    assert second == first and (second / "model.safetensors").read_bytes() != before
+    assert any("this rstar ships" in m for m in messages)
 
 
 def test_a_damaged_packaged_delta_is_refused(fake_tuned):
