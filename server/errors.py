@@ -19,6 +19,7 @@ _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    409: "conflict_error",
     413: "invalid_request_error",
     504: "timeout",
     422: "invalid_request_error",
