@@ -148,7 +148,8 @@ async def _train(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store:
             state.data_cursor += config.prompts_per_step
             store.record_step(spec.run_id, state.step, stage.name, metrics)
             if state.step % config.save_every == 0 or state.step == recipe.total_steps:
-                save(spec, store, policy, trainer, state, rng, stage_problems, config.keep_checkpoints)
+                # Off the event loop: a server-hosted run keeps answering while 1.6 GB are written.
+                await asyncio.get_running_loop().run_in_executor(torch_thread, save, spec, store, policy, trainer, state, rng, stage_problems, config.keep_checkpoints)
             await asyncio.to_thread(plot_run, store.get(spec.run_id)["steps"], spec.run_dir / "curves.png", spec.run_id)
             progress(state.step, recipe.total_steps, metrics)
         return "finished"
