@@ -90,7 +90,8 @@ StreamEvent = TextDelta | ToolCallStarted | ToolCallArgumentsDelta | ToolCallEnd
 # whitespace runs, literal text, and the name (a JSON string).
 _WS, _STRING = object(), object()
 _NAMED_PREFIX = (_WS, "{", _WS, '"name"', _WS, ":", _WS, _STRING, _WS, ",", _WS, '"arguments"', _WS, ":", _WS)
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+# A complete JSON string: only JSON's own escapes and no raw control characters, so json.loads takes it.
+_JSON_STRING = re.compile(r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')
 # What may follow the arguments value before `</tool_call>`: the object's closing brace and whitespace.
 _CALL_TAIL = re.compile(r"\s*(\}\s*)?$")
 

@@ -41,6 +41,8 @@ TURNS = {
     "unterminated": "Let me check.\n" + CALL[:-len(CALL_CLOSE) - 3],
     "second_open_tag_inside": "<tool_call>oops <tool_call>" + CALL[len(CALL_OPEN):],
     "answer_then_reasoning_again": "Done.</reason><answer>\\boxed{1}</answer><reason>Actually, check.\n" + CALL,
+    # JSON allows only \" \\ \/ \b \f \n \r \t \uXXXX; a model may write LaTeX-style escapes anyway.
+    "invalid_escape_in_name": '<tool_call>{"name": "python\\_code", "arguments": {"code": "print(1)"}}</tool_call>',
     "unicode": 'Größe π.\n<tool_call>{"name": "jupyter_code", "arguments": {"code": "print(\'π≈3.14\')"}}</tool_call>',
 }
 
