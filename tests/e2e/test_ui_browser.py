@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from rstar.server.db import open_database
+from rstar.ui.render import strip_tool_calls
 from tests.conftest import DEFAULT_MODEL_NAME
 from tests.e2e.conftest import ARTIFACTS
 from tests.eval_run_data import insert_eval_run
@@ -137,7 +138,7 @@ def test_the_stop_button_cancels_the_generation_on_the_server(page, live_server)
     page.fill("#chat-input textarea", "Thanks, that is enough.")
     page.click("#send")
     final = wait_until_settled(page)[-1]
-    assert "Thanks, that is enough." in final and "⚠" not in final
+    assert "Thanks, that is enough." in final and "⚠" not in answer_after(final, "Thanks, that is enough.")
 
 
 def test_a_stored_conversation_opens(page, live_server):
@@ -155,8 +156,9 @@ def test_a_stored_conversation_opens(page, live_server):
     page.wait_for_function(f"document.querySelector('#chatbot').innerText.includes({probe!r})", timeout=30_000)
     shown = chat_text(page)
     message = reply["choices"][0]["message"]
-    if message.get("content"):
-        assert message["content"].strip()[:20] in shown
+    answer = strip_tool_calls(message.get("content") or "").strip()  # a call cut off by max_tokens has no cell to show
+    if answer:
+        assert answer[:20] in shown
     if message.get("reasoning_content"):
         assert "Reasoning" in shown
     # Continuing it stores into the same conversation.

@@ -90,6 +90,7 @@ def test_in_process_run_uses_the_rstar_template_and_the_real_sandbox(engine, loo
     from rstar.sandbox.clients import LocalClient
     from rstar.sandbox.settings import SandboxSettings
     from rstar.server.builtin_tools import SandboxExecutor
+    from rstar.server.chat_template import choose_template
 
     sandbox = loop_thread.run(LocalClient(SandboxSettings()).start())
     try:
@@ -104,12 +105,15 @@ def test_in_process_run_uses_the_rstar_template_and_the_real_sandbox(engine, loo
     assert (outcome.status, outcome.generated) == ("finished", 8)
     tokenizer = engine.tokenizer
     rows = sample_rows(tmp_path / "evals.db", run.id)
-    for benchmark, _, _, _, _, response, trajectory, tokens, turns in rows:
+    native = choose_template(tokenizer, engine.model_name)  # the model's own (the default model ships rStar's, tool-less)
+    for benchmark, _, _, _, request, response, trajectory, tokens, turns in rows:
         completion = json.loads(trajectory)  # the agent loop's own trajectory, token ids included
         prompt = tokenizer.decode(completion["prompt_ids"])
-        rstar = "You must put your answer inside <answer> </answer> tags" in prompt
-        assert rstar == (benchmark == "aime24")  # IFEval keeps its own prompt
-        assert ("python_code_with_standard_io" in prompt) == (benchmark == "aime24")
+        assert ("python_code_with_standard_io" in prompt) == (benchmark == "aime24")  # only math gets the tool
+        if benchmark == "aime24":
+            assert "You must put your answer inside <answer> </answer> tags" in prompt
+        else:  # IFEval: its own prompt through the model's own template
+            assert completion["prompt_ids"] == native.encode(json.loads(request)["messages"])
         assert 0 < tokens <= 64 and turns == len(completion["turns"])
         assert json.loads(response) == completion["turns"][-1]["text"]
 

@@ -37,7 +37,7 @@ TINY = {
     "name": "tiny",
     "config": {
         "prompts_per_step": 4, "rollouts_per_prompt": 4, "keep_per_prompt": 2, "min_positive_traces": 1, "min_negative_traces": 1,
-        "learning_rate": 1e-4, "warmup_steps": 0, "token_budget": 4096, "save_every": 1,
+        "learning_rate": 1e-4, "warmup_steps": 0, "token_budget": 1024, "save_every": 1,  # 1024: small activations, so two trainers and two engines fit in 24 GB
     },
     "stages": [{"name": "tiny", "steps": 2, "max_response_tokens": 200, "max_turns": 2}],
 }
@@ -191,7 +191,7 @@ def test_a_short_sft_lowers_the_loss_on_the_real_model(base_model_dir, tmp_path)
     template = rstar_template(AutoTokenizer.from_pretrained(base_model_dir))
     encoded = [encode_conversation(template, example.messages) for example in examples]
     store = RunStore(open_database(f"sqlite:///{tmp_path / 'rstar.db'}"))
-    config = SFTConfig(epochs=4, examples_per_step=8, learning_rate=2e-3, warmup_ratio=0, lora_rank=4, lora_alpha=8, save_every=2)
+    config = SFTConfig(epochs=4, examples_per_step=8, learning_rate=2e-3, warmup_ratio=0, lora_rank=4, lora_alpha=8, save_every=2, token_budget=1024)
     spec = SFTSpec("short-sft", tmp_path / "run", base_model_dir, "inline")
     assert train_sft(spec, config, encoded, store) == "finished"
     losses = [s["loss"] for s in store.get("short-sft")["steps"]]
