@@ -131,7 +131,8 @@ def test_the_stop_button_cancels_the_generation_on_the_server(page, live_server)
         time.sleep(0.2)
     stopped = chat_text(page)
     time.sleep(2)
-    assert chat_text(page) == stopped  # nothing more arrives
+    # Nothing more arrives: no line that was not there at the stop (a finished reasoning block may fold away).
+    assert set(chat_text(page).splitlines()) <= set(stopped.splitlines())
     assert "dragon" in stopped
     # The chat goes on after a stop (the stopped answer was never stored, so this starts a new conversation).
     set_chat_settings(page, max_tokens=8, temperature=0.0)

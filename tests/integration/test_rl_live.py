@@ -73,7 +73,8 @@ def test_two_grpo_steps_train_the_weights_the_engine_then_serves(engine, loop_th
     for step in trained:
         assert step["probe_gap"] < 0.15  # the engine's logprobs match the trainer's new weights
         assert step["train_tokens"] > 0 and step["grad_norm"] > 0
-    assert engine.weight_version == version + len(trained)
+    resynced = version > 0  # an engine an earlier test retrained is first given the run's start weights
+    assert engine.weight_version == version + resynced + len(trained)
     assert run["steps"][-1]["tool_call_rate"] > 0  # the tuned default model calls its tool
 
     base = load_file(str(default_model_dir / "model.safetensors"))
