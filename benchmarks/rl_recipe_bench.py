@@ -13,7 +13,7 @@ tool-call rate, training time, and from the run's own step metrics the tool-erro
 traces (what RoC targets). Goals (issue 10): RoC's accuracy >= control's + 5 points; RoC's tool-error rate
 among kept positives below plain GRPO's; RoC's run <= 45 minutes.
 
-    python benchmarks/rl_recipe_bench.py [--quick] [--out FILE.json] [--arms roc,control,plain] [--evaluate-only]
+    python benchmarks/rl_recipe_bench.py [--quick] [--steps N] [--out FILE.json] [--arms roc,control,plain] [--evaluate-only]
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def plot(arms: dict[str, dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 steps per arm and 40 held-out problems")
+    parser.add_argument("--steps", type=int, default=None, help="train each arm this many steps instead of the recipe's 40 (rstar rl train --max-steps)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/rl_recipe_bench.json"))
     parser.add_argument("--arms", default="roc,control,plain")
     parser.add_argument("--work", type=Path, default=None, help="working directory (runs, database, logs); reuse one to resume or re-evaluate")
@@ -111,7 +112,7 @@ def main() -> None:
     if not (data_dir / "rl_train.jsonl").exists():
         subprocess.run([sys.executable, "-m", "rstar.cli", "rl", "make-sft-data", "--out", str(data_dir), "--seed", "0"], check=True, capture_output=True)
     problems, _ = heldout_problems(data_dir / "heldout.jsonl", 40 if args.quick else 200)
-    steps_override = 3 if args.quick else None
+    steps_override = args.steps or (3 if args.quick else None)
 
     arms: dict[str, dict] = {}
     for arm in args.arms.split(","):
@@ -139,7 +140,7 @@ def main() -> None:
     if "roc" in arms and "train_s" in arms["roc"]:
         goals.append({"name": "RoC run, whole recipe", "value": round(arms["roc"]["train_s"] / 60, 1), "op": "<=", "target": 45, "unit": "minutes"})
     output = {"benchmark": "rl_recipe_bench", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": cpu_info().to_dict(),
-              "work": str(work), "quick": args.quick, "arms": arms, "goals": goals}
+              "work": str(work), "quick": args.quick, "steps_per_arm": steps_override or "recipe", "arms": arms, "goals": goals}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(output, indent=1))
     plot(arms, args.out.with_suffix(".png"))

@@ -68,7 +68,7 @@ async def ask(client: httpx.AsyncClient, problem: dict, gate: asyncio.Semaphore)
     predicted = extract_answer(message.get("content") or "")
     accurate = predicted is not None and predicted.replace(",", "") == problem["answer"]
     return {
-        "id": problem["id"], "family": problem.get("family"), "answer": problem["answer"], "predicted": predicted,
+        "id": problem["id"], "family": problem.get("family"), "phrasing": problem.get("phrasing"), "answer": problem["answer"], "predicted": predicted,
         "tool_call": bool(ran), "cells": len(cells), "cell_errors": sum(cell.get("status") != "ok" for cell in cells),
         "accurate": accurate, "accurate_after_tool": accurate and bool(ran), "seconds": seconds,
         "completion_tokens": response.json()["usage"]["completion_tokens"],
@@ -101,7 +101,10 @@ def evaluate(model: str, problems: list[dict], concurrency: int, log_dir: Path) 
     def rate(key: str) -> float:
         return sum(a[key] for a in answers) / len(answers)
 
-    families = sorted({a["family"] for a in answers})
+    def accuracy_by(key: str) -> dict[str, float]:
+        groups = sorted({a[key] for a in answers if a[key] is not None})
+        return {g: statistics.fmean(a["accurate"] for a in answers if a[key] == g) for g in groups}
+
     return {
         "model": model,
         "problems": len(answers),
@@ -109,7 +112,8 @@ def evaluate(model: str, problems: list[dict], concurrency: int, log_dir: Path) 
         "accuracy": rate("accurate"),
         "accuracy_after_tool": rate("accurate_after_tool"),
         "cell_error_rate": sum(a["cell_errors"] for a in answers) / max(1, sum(a["cells"] for a in answers)),
-        "per_family_accuracy": {f: statistics.fmean(a["accurate"] for a in answers if a["family"] == f) for f in families},
+        "per_family_accuracy": accuracy_by("family"),
+        "per_phrasing_accuracy": accuracy_by("phrasing"),  # held-out phrasings succeed or fail as a whole
         "median_seconds": statistics.median(a["seconds"] for a in answers),
         "mean_completion_tokens": statistics.fmean(a["completion_tokens"] for a in answers),
         "wall_s": wall,
