@@ -7,8 +7,11 @@ run another process executes, and `GET /v1/rl/runs/{id}` shows a CLI run's curve
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -137,6 +140,18 @@ class RunStore:
         with self.sessions.begin() as session:
             run = session.get(RlRun, run_id)
             run.status, run.error, run.finished_at, run.updated_at = status, error, _now(), _now()
+
+    @contextmanager
+    def failed_on_error(self, run_id: str) -> Iterator[None]:
+        """Marks the run failed, with the error, when the body raises. An interrupt (Ctrl-C, SIGTERM, a
+        cancelled task) is not a failure: the run stays "running" on record and resumable from its checkpoint."""
+        try:
+            yield
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self.finish(run_id, "failed", f"{type(exc).__name__}: {exc}")
+            raise
 
     def request_cancel(self, run_id: str) -> dict:
         with self.sessions.begin() as session:

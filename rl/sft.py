@@ -152,13 +152,8 @@ def train_sft(spec: SFTSpec, config: SFTConfig, examples: list[EncodedConversati
     """Run (or resume) SFT to the end; writes RUN_DIR/final (merged model) and, with LoRA, RUN_DIR/delta.safetensors."""
     batches = step_batches(len(examples), config.examples_per_step, config.epochs, config.seed)
     store.begin(spec.run_id, "sft", str(spec.model_dir), {"sft": config.model_dump()}, spec.data, str(spec.run_dir), len(batches))
-    try:
+    with store.failed_on_error(spec.run_id):
         status = _train_sft(spec, config, examples, batches, store, progress)
-    except KeyboardInterrupt:
-        raise  # interrupted, not failed: the run stays resumable from its last checkpoint
-    except BaseException as exc:
-        store.finish(spec.run_id, "failed", f"{type(exc).__name__}: {exc}")
-        raise
     store.finish(spec.run_id, status)
     return status
 

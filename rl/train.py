@@ -92,13 +92,8 @@ async def train_grpo(env: RolloutEnv, spec: RunSpec, problems: list[Problem], st
     if not problems:
         raise ValueError(f"no problem in {spec.data} fits max_prompt_tokens={first.max_prompt_tokens}")
     store.begin(spec.run_id, "grpo", str(spec.model_dir), recipe.model_dump(), spec.data, str(spec.run_dir), recipe.total_steps)
-    try:
+    with store.failed_on_error(spec.run_id):
         status = await _train(env, spec, problems, store, progress)
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        raise  # interrupted, not failed: the run stays resumable from its last checkpoint
-    except BaseException as exc:
-        store.finish(spec.run_id, "failed", f"{type(exc).__name__}: {exc}")
-        raise
     store.finish(spec.run_id, status)
     return status
 

@@ -166,3 +166,16 @@ def test_agent_loop_on_the_real_engine_and_sandbox(live_server, engine, loop_thr
     stream = default_tokenizer.decode(trajectory.prompt_ids + trajectory.response_ids)
     assert serving.template.render_continuation(FORCED, builtin_tool_schemas()) in stream
     assert record.response in stream
+
+
+def test_the_pulled_default_answers_a_held_out_problem_with_a_cell_that_ran(live_server):
+    """The session engine serves `default` as `rstar model pull` built it (base + shipped delta); its first answer
+    to the first held-out problem of `rstar rl make-sft-data --seed 0` runs Python and boxes what it printed."""
+    from rstar.rl.sft_data import generate_problems
+    from rstar.sandbox.verify import extract_answer
+
+    problem = generate_problems(0, 1, "heldout")[0]
+    client = openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused")
+    message = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": problem.problem}], max_tokens=512, temperature=0).choices[0].message
+    assert message.code_cells and message.code_cells[0]["status"] == "ok", message
+    assert extract_answer(message.content) == problem.answer == message.code_cells[-1]["stdout"].strip()

@@ -84,3 +84,14 @@ def test_checkpoints_listed_until_pruned(store):
     store.record_checkpoint("r1", 3, "/runs/r1/checkpoint-3", ["/runs/r1/checkpoint-1"])
     assert [c["step"] for c in store.get("r1")["checkpoints"]] == [2, 3]
     assert [r["id"] for r in store.list()] == ["r1"]
+
+
+def test_an_error_fails_the_run_and_an_interrupt_leaves_it_resumable(store):
+    begin(store, "broken")
+    with pytest.raises(ValueError), store.failed_on_error("broken"):
+        raise ValueError("no problem fits")
+    assert (store.get("broken")["status"], store.get("broken")["error"]) == ("failed", "ValueError: no problem fits")
+    begin(store, "interrupted")
+    with pytest.raises(KeyboardInterrupt), store.failed_on_error("interrupted"):
+        raise KeyboardInterrupt
+    assert store.get("interrupted")["status"] == "running"  # to the process that owns it; interrupted once it is gone
