@@ -234,9 +234,13 @@ class Answer:
         if isinstance(event, ToolCallArgumentsDelta):
             return [event] if event.index in self.client_calls else []
         if isinstance(event, ToolCallEnded):
-            if event.call.index in self.client_calls and event.complete:
-                self.client_calls[event.call.index] = (self.client_calls[event.call.index][0], event.call)
-                return []
+            if event.call.index in self.client_calls:
+                if event.complete and event.call.decode_error is None:
+                    self.client_calls[event.call.index] = (self.client_calls[event.call.index][0], event.call)
+                    return []
+                # Its start named a client tool but the whole span does not decode: the loop answers it
+                # as a failed call (the model hears the decode error), so it is no call for the client.
+                del self.client_calls[event.call.index]
             if not event.complete or not self.runs_tools:
                 # Not a call the server acts on (cut off, or plain chat): it stays part of the text.
                 text = CALL_OPEN + event.call.raw + (CALL_CLOSE if event.complete else "")

@@ -187,3 +187,20 @@ def test_an_unknown_template_name_is_a_400(make_server):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="scripted", messages=QUESTION, extra_body={"chat_template": "jinja-from-the-internet"})
     assert err.value.body["param"] == "chat_template"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_call_that_does_not_decode_is_not_returned_as_a_call(make_server, stream):
+    # The stream parser sees a well-formed start (the name of a client tool) before the JSON breaks; the
+    # finished span does not decode, so it is not a call the client could run, whatever was streamed.
+    reply = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}}\n</tool_call>'
+    client, http, _, _ = make_server(replies=(reply,))
+    create = dict(model="scripted", messages=QUESTION, tools=[WEATHER], extra_body={"max_turns": 1})
+    if stream:
+        chunks = list(client.chat.completions.create(**create, stream=True))
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    else:
+        choice = client.chat.completions.create(**create).choices[0]
+        assert choice.message.tool_calls is None
+        assert choice.finish_reason == "length"
+    assert len(http.get("/v1/conversations").json()["data"]) == 1  # stored, not lost to a server error
