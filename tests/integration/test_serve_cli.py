@@ -26,7 +26,15 @@ def rstar_serve(tmp_path_factory, default_model_dir):
     data_dir = tmp_path_factory.mktemp("serve-data")
     env = {**os.environ, "RSTAR_DATA_DIR": str(data_dir), "RSTAR_ENGINE__MAX_MODEL_LEN": "2048"}
     log = open(data_dir / "serve.log", "w")
-    process = subprocess.Popen([sys.executable, "-m", "rstar.cli", "serve", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    # Ctrl-C as a terminal delivers it: a test run started in the background of a non-interactive shell
+    # inherits SIGINT ignored, and Python keeps it ignored, so the server could not stop the way users stop it.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rstar.cli", "serve", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     base_url = f"http://127.0.0.1:{port}"
     wait_until_serving(process, f"{base_url}/health", data_dir / "serve.log", timeout_s=300)
     yield process, base_url, data_dir
