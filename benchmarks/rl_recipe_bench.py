@@ -36,6 +36,9 @@ sys.path.insert(0, str(REPO_ROOT))
 from tool_use_bench import evaluate, heldout_problems  # noqa: E402
 
 from rstar.hardware import cpu_info  # noqa: E402
+from rstar.rl.recipe import load_recipe  # noqa: E402
+
+RECIPE_STEPS = load_recipe("cpu").total_steps
 
 ARMS = {
     "roc": [],
@@ -58,7 +61,8 @@ def train(arm: str, data: Path, work: Path, steps: int | None) -> dict:
 
 def run_record(work: Path, run_id: str) -> tuple[list[dict], Path]:
     with sqlite3.connect(work / "data" / "rstar.db") as connection:
-        steps = [json.loads(row[0]) for row in connection.execute("select metrics from rl_steps where run_id = ? order by step", (run_id,))]
+        rows = connection.execute("select step, metrics from rl_steps where run_id = ? order by step", (run_id,))
+        steps = [{"step": step, **json.loads(metrics)} for step, metrics in rows]
         (run_dir,) = connection.execute("select run_dir from rl_runs where id = ?", (run_id,)).fetchone()
     latest = (Path(run_dir) / "latest").read_text().strip()
     return steps, Path(run_dir) / latest
@@ -138,7 +142,14 @@ def main() -> None:
     if {"roc", "plain"} <= arms.keys() and None not in (arms["roc"]["tool_error_rate_kept_positive"], arms["plain"]["tool_error_rate_kept_positive"]):
         goals.append({"name": "tool-error rate in kept positives, RoC / plain GRPO", "value": round(arms["roc"]["tool_error_rate_kept_positive"] / max(arms["plain"]["tool_error_rate_kept_positive"], 1e-9), 4), "op": "<", "target": 1.0, "unit": "x"})
     if "roc" in arms and "train_s" in arms["roc"]:
-        goals.append({"name": "RoC run, whole recipe", "value": round(arms["roc"]["train_s"] / 60, 1), "op": "<=", "target": 45, "unit": "minutes"})
+        # The goal is for the whole recipe; a shortened run is reported as measured and as projected from
+        # its mean step time (the start-up, paid once, is the difference between the two clocks).
+        roc = arms["roc"]
+        measured = roc["train_s"] / 60
+        name = "RoC run, whole recipe" if steps_override is None else f"RoC run, projected from {len(roc['steps'])} steps to the recipe's {RECIPE_STEPS}"
+        if steps_override is not None:
+            measured += (RECIPE_STEPS - len(roc["steps"])) * roc["train_minutes_from_steps"] / len(roc["steps"])
+        goals.append({"name": name, "value": round(measured, 1), "op": "<=", "target": 45, "unit": "minutes"})
     output = {"benchmark": "rl_recipe_bench", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": cpu_info().to_dict(),
               "work": str(work), "quick": args.quick, "steps_per_arm": steps_override or "recipe", "arms": arms, "goals": goals}
     args.out.parent.mkdir(parents=True, exist_ok=True)
