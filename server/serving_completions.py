@@ -42,7 +42,10 @@ class CompletionService:
         serving = self.serving
         serving.check_model(request.model)
         tokenizer = serving.engine.tokenizer
-        prompt_ids = list(request.prompt) if isinstance(request.prompt, list) else tokenizer.encode(request.prompt)
+        if isinstance(request.prompt, list):
+            prompt_ids = check_token_ids(serving, request.prompt, "prompt")
+        else:
+            prompt_ids = tokenizer.encode(request.prompt)
         room = serving.engine.max_model_len - len(prompt_ids)
         if room <= 0 or (request.max_tokens is not None and request.max_tokens > room):
             raise serving.context_error(len(prompt_ids), request.max_tokens)
@@ -162,7 +165,13 @@ def tokenize(serving: Serving, request: TokenizeRequest) -> dict:
 def detokenize(serving: Serving, request: DetokenizeRequest) -> dict:
     if request.model is not None:
         serving.check_model(request.model)
+    return {"prompt": serving.engine.tokenizer.decode(check_token_ids(serving, request.tokens, "tokens"))}
+
+
+def check_token_ids(serving: Serving, token_ids: list[int], param: str) -> list[int]:
+    """Token ids a client sent, checked against the vocabulary here: the engine would refuse an unknown id
+    deep inside, as an internal error, when it is the client's (400)."""
     vocabulary = len(serving.engine.tokenizer)
-    if any(not 0 <= token < vocabulary for token in request.tokens):
-        raise APIError(400, f"token ids must be in [0, {vocabulary})", "tokens")
-    return {"prompt": serving.engine.tokenizer.decode(request.tokens)}
+    if bad := [token for token in token_ids if not 0 <= token < vocabulary]:
+        raise APIError(400, f"token ids must be in [0, {vocabulary}); got {bad[0]}", param)
+    return list(token_ids)

@@ -172,6 +172,16 @@ def test_tokenize_and_detokenize_round_trip(make_server):
     assert http.post("/detokenize", json={"tokens": [10**9]}).status_code == 400
 
 
+def test_token_ids_outside_the_vocabulary_are_the_clients_error(make_server):
+    _, http, engine, _ = make_server()
+    vocabulary = len(engine.tokenizer)
+    for prompt in ([1, vocabulary], [-1]):
+        reply = http.post("/v1/completions", json={"model": "scripted", "prompt": prompt, "max_tokens": 5})
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == "prompt" and str(prompt[-1]) in reply.json()["error"]["message"]
+    assert engine.prompts == []  # refused before the engine saw it
+
+
 # -- responses ------------------------------------------------------------------------------------------
 
 CODE_TOOL = [{"type": "code_interpreter", "container": {"type": "auto"}}]
