@@ -85,7 +85,9 @@ class ChatCompletionRequest(AgentOptions):
     parallel_tool_calls: bool | None = None
     conversation_id: str | None = Field(None, description="Store this exchange into that existing conversation (its messages are replaced).")
     continue_final_message: bool = Field(False, description="vLLM's: the final assistant message is the start of the answer.")
-    add_generation_prompt: bool = Field(True, description="vLLM's; ignored (false) with continue_final_message.")
+    add_generation_prompt: bool = Field(
+        True, description="vLLM's. false only together with continue_final_message (the answer continues the final message)."
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=16)
@@ -107,6 +109,10 @@ class ChatCompletionRequest(AgentOptions):
             raise ValueError("top_logprobs requires logprobs=true")
         if self.continue_final_message and self.messages[-1].role != "assistant":
             raise ValueError("continue_final_message requires the last message to be from the assistant")
+        # Without a generation prompt the model would have to open its own turn; the agent loop (tool calls,
+        # reasoning split) reads an answer that starts inside an assistant turn, so only the continuation form works.
+        if not self.add_generation_prompt and not self.continue_final_message:
+            raise ValueError("add_generation_prompt=false is supported only with continue_final_message=true")
         names = [tool.function.name for tool in self.tools or []]
         if len(set(names)) != len(names):
             raise ValueError("tools: function names must be unique")

@@ -91,6 +91,8 @@ def test_invalid_tools_and_messages_are_400(make_server):
         client.chat.completions.create(model="scripted", messages=QUESTION, tool_choice={"type": "function", "function": {"name": "nope"}})
     with pytest.raises(openai.BadRequestError, match="last message to be from the assistant"):
         client.chat.completions.create(model="scripted", messages=QUESTION, extra_body={"continue_final_message": True})
+    with pytest.raises(openai.BadRequestError, match="only with continue_final_message"):
+        client.chat.completions.create(model="scripted", messages=QUESTION, extra_body={"add_generation_prompt": False})
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="scripted", messages=QUESTION, extra_body={"max_turns": 0})
     assert err.value.body["param"] == "max_turns"
