@@ -24,9 +24,10 @@ from tests.loop_thread import LoopThread
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def pytest_collection_modifyitems(items) -> None:
-    """Everything under tests/integration needs the real engine: mark it, so `-m "not integration"` means something."""
+    """Mark every test that needs the real engine (everything under tests/integration, and any test that asks for
+    the session's engine or live server, the browser tests too), so `-m "not integration"` means "no engine"."""
     for item in items:
-        if "integration" in item.path.parts:
+        if "integration" in item.path.parts or {"engine", "live_server"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
 
 
