@@ -218,7 +218,7 @@ def loop_overhead(model_dir: str, quick: bool) -> dict:
             return EngineStats(0, 0, 0, 0.0)
 
     class InstantExecutor:
-        async def execute(self, tool, code, stdin, replay):
+        async def execute(self, tool, code, stdin, replay, protocol="improved"):
             return ExecResult(success=True, stdout="42\n", duration_s=0.001, status="ok")
 
     async def timed(script: list[list[int]]) -> float:

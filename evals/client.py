@@ -320,12 +320,21 @@ class InProcessChatClient:
         from rstar.server.agent_loop import LoopConfig, run_trajectory
         from rstar.server.builtin_tools import builtin_tool_schemas
         from rstar.server.engine import SamplingOptions
+        from rstar.server.model_store import default_tool_protocol
+        from rstar.server.tool_results import protocol_max_tool_response_chars
         from rstar.server.tool_calls import parse_tool_calls
 
         builtin = params.template == RSTAR_TEMPLATE
         listed = builtin_tool_schemas() if builtin else list(tools or [])
         # Client tools end the answer at the first turn that calls one; the calls are read from its text.
-        config = LoopConfig(max_turns=params.max_turns if builtin else 1, max_response_tokens=params.max_tokens, logprobs=False)
+        protocol = default_tool_protocol(self.engine.model_name)
+        config = LoopConfig(
+            max_turns=params.max_turns if builtin else 1,
+            max_response_tokens=params.max_tokens,
+            logprobs=False,
+            tool_protocol=protocol,
+            max_tool_response_chars=protocol_max_tool_response_chars(protocol),
+        )
         sampling = SamplingOptions(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p, seed=params.seed)
         template = self.template(params.template)
         trajectory = await run_trajectory(self.engine, template, messages, listed, sampling, self.executor, config)

@@ -37,6 +37,11 @@ class GRPOConfig(BaseModel):
         256, description="Second cut of each tool result the model sees, after the sandbox's 1000 chars per stream (verl max_tool_response_length=256)."
     )
     tool_response_truncate_side: Literal["left", "right", "middle"] = Field("middle", description="Which part survives that cut (tool_response_truncate_side=middle).")
+    tool_protocol: Literal["released", "improved"] = Field(
+        "released",
+        description="Tool protocol of the rollouts (docs/api.md compares them): 'released' as rStar2-Agent's loop and code-judge; 'improved' "
+        "is what the embedded default model's delta was trained with (the cpu recipe keeps it).",
+    )
     tool_timeout_s: float = Field(4.0, gt=0, description="Wall-clock limit per tool call (code-judge MAX_EXECUTION_TIME=4 in rStar's README).")
     # --- reward
     reward_timeout_s: float = Field(10.0, gt=0, description="Answer checking runs in the sandbox under this limit; a check that hangs scores 0 and is logged.")

@@ -85,6 +85,7 @@ def loop_config(config: GRPOConfig) -> LoopConfig:
         max_parallel_calls=config.max_parallel_calls,
         max_tool_response_chars=config.max_tool_response_chars,
         truncate_side=config.tool_response_truncate_side,
+        tool_protocol=config.tool_protocol,
         logprobs=True,
     )
 

@@ -7,6 +7,7 @@ Resolution order, later wins: field defaults, environment (`RSTAR_` prefix, `__`
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
 from pydantic import BaseModel, Field
@@ -60,6 +61,19 @@ class ApiSettings(BaseModel):
         None, description="'rstar', 'model' or a jinja file; default: the rStar template for rStar models and tokenizers without one, else the model's own."
     )
     sandbox_url: str | None = Field(None, description="A `rstar sandbox serve` to run model code in; default: an in-process sandbox pool.")
+    tool_protocol: Literal["released", "improved"] | None = Field(
+        None,
+        description="How tool turns are built and results written (docs/api.md compares them). released: as rStar2-Agent's code; improved: "
+        "this server's fixes. Default: released for rStar models, improved for the embedded default model (trained on it) and others; "
+        "requests may choose their own.",
+    )
+    max_tool_response_chars: int | None = Field(
+        None,
+        ge=0,
+        description="Second cut of each tool result the model sees (middle kept: first and last halves around '...(truncated)...'), after "
+        "the sandbox's per-stream cut. Default: the protocol's, 256 under released (verl's max_tool_response_length), none under "
+        "improved; 0 keeps every result whole.",
+    )
 
 
 class Settings(BaseSettings):

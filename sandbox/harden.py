@@ -137,6 +137,37 @@ def set_rlimits(*, memory_mb: int, cpu_s: int, file_size_mb: int, open_files: in
     return f"AS {memory_mb} MB, CPU {cpu_s} s, FSIZE {file_size_mb} MB, NOFILE {open_files}, CORE 0{nproc}"
 
 
+# code-judge's address-space cap for a program: MAX_MEMORY (256 MB) plus 128 MB "for python overhead", set
+# with RLIMIT_AS on the whole `python3 source.py` process.
+CODE_JUDGE_ADDRESS_SPACE = (256 + 128) * 1024 * 1024
+# What a code-judge program has imported when the model's code starts: code-judge's limit prologue and
+# rStar2-Agent's wrapper around the code.
+CODE_JUDGE_PRELUDE = "import signal, resource, os, time, base64, sys, ast, traceback, typing, linecache, types, contextlib, io"
+
+
+def address_space() -> int:
+    """This process's mapped address space in bytes (VmSize), what RLIMIT_AS caps."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def fresh_python_address_space(python: str) -> int:
+    """Address space of a fresh `python` that has imported what a code-judge program has when its code
+    starts; code-judge's cap minus this is the room the model's code had there."""
+    import subprocess
+
+    probe = CODE_JUDGE_PRELUDE + "; print(open('/proc/self/statm').read().split()[0])"
+    pages = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True, timeout=30).stdout
+    return int(pages) * os.sysconf("SC_PAGE_SIZE")
+
+
+def cap_address_space(limit: int) -> None:
+    """Lower RLIMIT_AS (soft and hard) to `limit` bytes, never above the cap already in force."""
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    value = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (value, value))
+
+
 def lower_cpu_limit(cpu_s: int) -> None:
     """A job may ask for less CPU than the spare was prepared with; lowering needs no privilege."""
     soft, hard = resource.getrlimit(resource.RLIMIT_CPU)

@@ -245,7 +245,7 @@ class SandboxPool:
         timeout = min(request.timeout_s or self.settings.timeout_s, self.settings.max_timeout_s)
         history = request.history[-self.settings.max_history_cells:] if request.tool == REPLAY_TOOL else []
         message = {"op": "run", "kind": "exec", "code": request.code, "stdin": request.input,
-                   "history": history, "timeout_s": timeout, "session": request.session_id}
+                   "history": history, "timeout_s": timeout, "session": request.session_id, "protocol": request.protocol}
         if request.session_id is None:
             answer, waited = await self._dispatch(message, timeout, queue_timeout_s)
         else:
@@ -333,7 +333,8 @@ class SandboxPool:
                        "preloaded": (z.report.get("preloaded") if z else None)},
             "limits": {"timeout_s": self.settings.timeout_s, "memory_mb": self.settings.memory_mb,
                        "max_processes": self.settings.max_processes, "max_output_chars": self.settings.max_output_chars,
-                       "max_output_bytes": self.settings.max_output_bytes},
+                       "max_output_bytes": self.settings.max_output_bytes,
+                       "released_memory": (z.report.get("released_memory") if z else None)},
         }
 
     def render_metrics(self) -> str:

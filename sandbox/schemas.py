@@ -30,6 +30,12 @@ class RunRequest(BaseModel):
     history: list[StrictStr] = Field(default_factory=list, description="jupyter_code: earlier cells, oldest first.")
     session_id: StrictStr | None = Field(None, description="Run in a persistent session (state kept between calls).")
     timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit; default and ceiling come from the settings.")
+    protocol: Literal["released", "improved"] = Field(
+        "improved",
+        description="Result semantics. released: as code-judge ran rStar2-Agent's wrapper (error line '{Err} at line N: {msg}' + two-space "
+        "raw line from the deepest frame, no stdout after an uncaught exception, 'Suicide from timeout.' on the wall timeout, 256+128 MB "
+        "of address space above a fresh python3). improved: this sandbox's own (stdout kept, errors located in the cell's own frames).",
+    )
 
 
 class RunResult(BaseModel):

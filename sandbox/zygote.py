@@ -26,6 +26,7 @@ import selectors
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -36,6 +37,7 @@ PR_GET_NO_NEW_PRIVS = 39
 PR_GET_SECCOMP = 21
 STATUS_MAX = 64 * 1024
 READ_CHUNK = 65536
+RELEASED_DEADLINE_GRACE_S = 1.0
 IDLE_CLEAN_S = 0.001  # idle this long with nothing running: time to fork the next spare
 MAX_DIRTY_S = 0.05  # under constant load a used slot still gets its spare back within this
 CONTROL_IN, CONTROL_OUT = 0, 1
@@ -64,6 +66,8 @@ def _child_main(z: "Zygote", ends: dict[int, int], uid: int | None, scratch: str
     code = 70
     try:
         try:
+            # Measured before hardening: Landlock then hides /proc. The few objects a job adds are noise.
+            z.child_address_space = harden.address_space()
             os.setsid()
             signal.set_wakeup_fd(-1)
             for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
@@ -122,9 +126,13 @@ def _serve_jobs(z: "Zygote", persistent: bool, layers: dict) -> None:
             harden.lower_cpu_limit(int(job.get("cpu_s", 1)))
         message: dict
         if kind == "exec":
+            released = job.get("protocol") == "released"
+            if released:
+                _enter_released_semantics(z, float(job["timeout_s"]))
             _set_stdin(job.get("stdin"))
             cell.replay(job.get("history") or [], namespace)
-            status, exit_code = cell.run_cell(job["code"], namespace)
+            run = cell.run_cell_released if released else cell.run_cell
+            status, exit_code = run(job["code"], namespace)
             message = {"status": status, "exit_code": exit_code}
         elif kind == "verify":
             from . import verify
@@ -142,6 +150,30 @@ def _serve_jobs(z: "Zygote", persistent: bool, layers: dict) -> None:
         _send_status(message)
         if not persistent:
             return
+
+
+def _enter_released_semantics(z: "Zygote", timeout_s: float) -> None:
+    """What a code-judge process running rStar2-Agent's wrapper has that our cells do not:
+
+    - stdout buffered as python3 buffers a pipe, so what is still buffered when an exception escapes is
+      lost (cell.run_cell_released drops it);
+    - a timer that, at the wall limit, prints 'Suicide from timeout.' (flushing what was buffered) and
+      ends the process; the zygote's own deadline then comes one second later, as code-judge's worker
+      gave its subprocess one second more;
+    - the address space code-judge left the program: 256 + 128 MB minus what a fresh python3 has mapped
+      by then, on top of what this child already maps (the preloaded libraries are free here).
+    """
+    sys.stdout = open(CHILD_STDOUT, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+
+    def suicide(*_) -> None:
+        print("Suicide from timeout.", flush=True)
+        _send_status({"status": "timeout", "exit_code": None})
+        os._exit(0)
+
+    signal.signal(signal.SIGALRM, suicide)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    if z.released_headroom is not None:
+        harden.cap_address_space(z.child_address_space + z.released_headroom)
 
 
 def _probe_self(layers: dict) -> dict:
@@ -197,7 +229,9 @@ class Job:
         self.child = child
         self.session = session
         self.started = time.monotonic()
-        self.deadline = self.started + float(request["timeout_s"])
+        # code-judge's worker waited one second past the limit for a program whose own timer failed to fire.
+        grace = RELEASED_DEADLINE_GRACE_S if request.get("protocol") == "released" else 0.0
+        self.deadline = self.started + float(request["timeout_s"]) + grace
         self.out = bytearray()
         self.err = bytearray()
         self.seen = {"out": 0, "err": 0}
@@ -236,6 +270,11 @@ class Zygote:
         self.session_jobs: dict[str, Job] = {}
         self.free_session_slots = list(range(int(cfg["max_sessions"])))
         self.running = True
+        # Room code-judge gave a program's own allocations (see _enter_released_semantics); None when a fresh
+        # interpreter could not be measured, reported at /health.
+        self.released_headroom: int | None = None
+        self.released_memory_note = ""
+        self.child_address_space = 0  # set in each child before hardening
 
     # ------------------------------------------------------------------------------------ set-up
     def preload(self) -> None:
@@ -250,6 +289,18 @@ class Zygote:
 
         gc.collect()
         gc.freeze()  # keeps the forked children from dirtying (copying) every page during a collection
+
+    def measure_released_headroom(self) -> None:
+        try:
+            fresh = harden.fresh_python_address_space(sys.executable)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            self.released_memory_note = f"released protocol: no code-judge memory cap (fresh python3 not measured: {exc})"
+            return
+        self.released_headroom = harden.CODE_JUDGE_ADDRESS_SPACE - fresh
+        self.released_memory_note = (
+            f"released protocol: {self.released_headroom / 2**20:.0f} MB of address space above the preloaded image "
+            f"(code-judge's 384 MB minus a fresh python3's {fresh / 2**20:.0f} MB)"
+        )
 
     def slot_uid(self, slot: int) -> int | None:
         return self.uid_base + slot if self.drop_uid else None
@@ -452,7 +503,7 @@ class Zygote:
         for fd, stream in ((child.out, "out"), (child.err, "err"), (child.status, "status")):
             self.sel.register(fd, selectors.EVENT_READ)
             self.jobs_by_fd[fd] = (job, stream)
-        payload = {key: request.get(key) for key in ("kind", "code", "history", "stdin", "response", "gold")}
+        payload = {key: request.get(key) for key in ("kind", "code", "history", "stdin", "response", "gold", "protocol", "timeout_s")}
         payload["cpu_s"] = max(1, int(float(request["timeout_s"]) + 1))
         try:
             os.set_blocking(child.job, True)
@@ -664,7 +715,7 @@ class Zygote:
             status = job.message.get("status")
             exit_code = job.message.get("exit_code")
             value = job.message.get("value")
-            if status not in ("ok", "error", "memory", "internal_error", "invalid_input"):
+            if status not in ("ok", "error", "memory", "timeout", "internal_error", "invalid_input"):
                 status = "error"
             if status == "internal_error" and job.message.get("detail"):
                 stderr = (stderr + "\n" if stderr else "") + str(job.message["detail"])
@@ -828,10 +879,12 @@ def main() -> None:
     zygote = Zygote(cfg)
     started = time.monotonic()
     zygote.preload()
+    zygote.measure_released_headroom()
     warm_s = time.monotonic() - started
     os.makedirs(cfg["scratch_root"], exist_ok=True)
     report = zygote.probe()
     report["warmup_s"] = round(warm_s, 3)
     report["preloaded"] = cfg.get("preload", [])
+    report["released_memory"] = zygote.released_memory_note
     zygote.send({"op": "ready", "report": report})
     zygote.serve()

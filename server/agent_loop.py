@@ -28,7 +28,7 @@ from rstar.server.tool_calls import (
     ToolCallStreamParser,
     parse_tool_calls,
 )
-from rstar.server.tool_results import TruncateSide, execution_error_text, tool_turn_ids
+from rstar.server.tool_results import ToolProtocol, TruncateSide, execution_error_text, tool_turn_ids
 from rstar.server.trajectory import ToolCallRecord, Trajectory, Turn
 
 
@@ -41,9 +41,12 @@ class LoopConfig:
     max_response_tokens: int | None = None
     # Calls executed per turn; later calls in the same turn are ignored, as in the released loop (1).
     max_parallel_calls: int = 1
+    # Whose tool protocol the loop speaks (tool_results.py; docs/api.md compares them): the tool-turn
+    # tokens, the sandbox's result semantics and the answers to calls the released loop rejected.
+    # `improved` is the default here because every caller that knows its model passes its own choice.
+    tool_protocol: ToolProtocol = "improved"
     # Second cut of an execution's result text (the sandbox already cuts stdout and stderr to 1000 chars
-    # each). None keeps it: the released loop's 256 is verl's unchanged default and hides most tracebacks;
-    # RL recipes that want the released behaviour set 256 and "middle".
+    # each). None keeps it; the released loop's is 256, middle (tool_results.protocol_max_tool_response_chars).
     max_tool_response_chars: int | None = None
     truncate_side: TruncateSide = "middle"
     # Tools the API client declared: a call to one ends the loop with stop reason "tool_calls".
@@ -148,6 +151,7 @@ async def run_agent(
         logprobs=[] if config.logprobs else None,
         weight_version=engine.weight_version,
         model=engine.model_name,
+        tool_protocol=config.tool_protocol,
     )
     turn_end_ids = template.encode_text(template.turn_end.rstrip())
     jupyter_cells = prior_jupyter_cells(messages)
@@ -165,7 +169,7 @@ async def run_agent(
         trajectory.tool_calls += records
         next_call_index = len(parse_tool_calls(prefix))
         # The given message's turn end was not sampled, so the template supplies all of it.
-        tool_ids = tool_turn_ids(template, [record.response for record in records], "")
+        tool_ids = tool_turn_ids(template, [record.response for record in records], "", config.tool_protocol)
         _append(trajectory, tool_ids, mask=0, logprobs=[0.0] * len(tool_ids) if config.logprobs else None)
         prefix = None
 
@@ -237,7 +241,7 @@ async def run_agent(
         trajectory.tool_calls += records
 
         sampled_turn_end = template.turn_end.rstrip() if sampled.token_ids[-len(turn_end_ids) :] == turn_end_ids else ""
-        tool_ids = tool_turn_ids(template, [record.response for record in records], sampled_turn_end)
+        tool_ids = tool_turn_ids(template, [record.response for record in records], sampled_turn_end, config.tool_protocol)
         # As released: a tool turn that would use up the budget ends the trajectory instead (the model
         # would have no room to answer), and the last tokens stay the model's own.
         if len(trajectory.response_ids) + len(tool_ids) >= budget:
@@ -279,7 +283,7 @@ async def _run_calls(
         for call in calls:
             replay = list(jupyter_cells)
             enabled = _is_builtin(call, config.builtin_tools)
-            arguments = code_argument(call) if enabled else None
+            arguments = code_argument(call, config.tool_protocol) if enabled else None
             if isinstance(arguments, tuple):
                 yield ToolExecutionStarted(call.index, call.name, arguments[0])
                 if call.name == JUPYTER_TOOL:
@@ -289,7 +293,9 @@ async def _run_calls(
                 jobs.append(asyncio.ensure_future(_unavailable(call)))
                 continue
             jobs.append(
-                asyncio.ensure_future(run_builtin_call(call, executor, replay, config.max_tool_response_chars, config.truncate_side))
+                asyncio.ensure_future(
+                    run_builtin_call(call, executor, replay, config.max_tool_response_chars, config.truncate_side, config.tool_protocol)
+                )
             )
         for call, job in zip(calls, jobs):
             yield ToolResult(_record(turn, call, await job))

@@ -27,6 +27,7 @@ from rstar.server.engine import TokenEngine
 from rstar.server.errors import APIError, error_body, install_error_handlers
 from rstar.server.limits import Admission, AdmittedStream, BodySizeLimit, ClientDisconnected, cancel_on_disconnect
 from rstar.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
+from rstar.server.model_store import default_tool_protocol
 from rstar.server.routes_evals import evals_router
 from rstar.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard, ModelList, TokenizeRequest
 from rstar.server.schemas_responses import ResponsesRequest
@@ -61,6 +62,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
             settings=settings,
             metrics=metrics,
             admission=Admission(api.max_running_requests, api.max_waiting_requests, api.queue_timeout_s, api.retry_after_s),
+            tool_protocol=api.tool_protocol or default_tool_protocol(model_name),
         )
         app.state.serving = serving
         app.state.model_name = model_name

@@ -20,6 +20,7 @@ from rstar.sandbox.schemas import RunRequest, to_code_judge
 from rstar.server.tool_calls import ToolCall
 from rstar.server.tool_results import (
     ExecResult,
+    ToolProtocol,
     TruncateSide,
     decode_failure_text,
     execution_error_text,
@@ -92,8 +93,9 @@ def builtin_tool_schemas(names: Sequence[str] = (PYTHON_TOOL,)) -> list[dict]:
 class CodeExecutor(Protocol):
     """What runs code: `SandboxExecutor` over any sandbox client, or a scripted stand-in in tests."""
 
-    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str]) -> ExecResult:
-        """Run `code` as `tool` with `stdin`, after silently replaying the `replay` cells in the same namespace."""
+    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str], protocol: ToolProtocol = "improved") -> ExecResult:
+        """Run `code` as `tool` with `stdin`, after silently replaying the `replay` cells in the same namespace;
+        `protocol` says whose result semantics the sandbox follows (code-judge's under `released`)."""
         ...
 
 
@@ -104,9 +106,9 @@ class SandboxExecutor:
         self.client = client
         self.timeout_s = timeout_s  # None: the sandbox's default
 
-    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str]) -> ExecResult:
+    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str], protocol: ToolProtocol = "improved") -> ExecResult:
         stdin_or_none = None if tool == JUPYTER_TOOL else stdin
-        request = RunRequest(tool=tool, code=code, input=stdin_or_none, history=list(replay), timeout_s=self.timeout_s)
+        request = RunRequest(tool=tool, code=code, input=stdin_or_none, history=list(replay), timeout_s=self.timeout_s, protocol=protocol)
         # The sandbox's own mapping onto code-judge's fields, which the result text is written in.
         result = await self.client.run(request)
         judged = to_code_judge(result)
@@ -130,14 +132,17 @@ class ToolRun:
     wall_s: float = 0.0  # including queueing in the sandbox pool
 
 
-def code_argument(call: ToolCall) -> tuple[str, str] | str:
+def code_argument(call: ToolCall, protocol: ToolProtocol = "improved") -> tuple[str, str] | str:
     """(code, stdin) for a built-in call, or the reason it cannot run.
 
-    Arguments given as a JSON string that encodes an object are accepted (the OpenAI wire format; the
-    released loop failed these with "'str' object has no attribute 'get'"). Missing `code` or `input`
-    count as empty, as in the released tools.
+    Arguments given as a JSON string that encodes an object are accepted under `improved` (the OpenAI
+    wire format). Under `released` they fail as the released tool failed them: it called `.get` on
+    whatever `arguments` decoded to, so a string gives "'str' object has no attribute 'get'". Missing
+    `code` or `input` count as empty, as in the released tools.
     """
     arguments: Any = call.arguments
+    if protocol == "released" and not isinstance(arguments, Mapping):
+        return f"'{type(arguments).__name__}' object has no attribute 'get'"
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
@@ -159,6 +164,7 @@ async def run_builtin_call(
     jupyter_cells: Sequence[str],
     max_response_chars: int | None = None,
     truncate_side: TruncateSide = "middle",
+    protocol: ToolProtocol = "improved",
 ) -> ToolRun:
     """Run one parsed call (a decode failure or unknown name short-circuits) and render its response.
 
@@ -171,14 +177,14 @@ async def run_builtin_call(
     if not isinstance(call.name, str) or call.name not in BUILTIN_TOOLS:
         # The released loop's KeyError text for a tool it does not have, e.g. "'WolframAlpha'".
         return ToolRun(response=execution_error_text(repr(call.name)), started_at=started_at)
-    arguments = code_argument(call)
+    arguments = code_argument(call, protocol)
     if isinstance(arguments, str):
         return ToolRun(response=execution_error_text(arguments), started_at=started_at)
     code, stdin = arguments
     replay = jupyter_cells if call.name == JUPYTER_TOOL else ()
     clock = time.perf_counter()
     try:
-        result = await executor.execute(call.name, code, stdin, replay)
+        result = await executor.execute(call.name, code, stdin, replay, protocol)
     except Exception as exc:  # the sandbox itself failed; the model is told, the trajectory goes on
         return ToolRun(response=execution_error_text(str(exc)), started_at=started_at, wall_s=time.perf_counter() - clock)
     response = truncate_response(render_exec_result(result), max_response_chars, truncate_side)

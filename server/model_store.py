@@ -32,6 +32,7 @@ from pathlib import Path
 
 from rstar.server.chat_template import RSTAR_TEMPLATE_PATH
 from rstar.server.lora_delta import BASE_WEIGHTS, DeltaMismatch, merge_delta
+from rstar.server.tool_results import ToolProtocol
 
 MANIFEST_NAME = ".rstar-manifest.json"
 
@@ -89,6 +90,17 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel | TunedModel] = {
     SMOLLM2_135M_TOOL.name.lower(): SMOLLM2_135M_TOOL,
     SMOLLM2_135M.name.lower(): SMOLLM2_135M,
 }
+
+def default_tool_protocol(model_name: str) -> ToolProtocol:
+    """The tool protocol a model is served with unless told otherwise: `released` for rStar models (the name
+    says rStar), `improved` for the rest. The embedded default is an exception to the name rule: its
+    tool-use delta was trained (SFT, then the RL recipes) on trajectories of the `improved` loop, so its
+    tool turns are what it has seen."""
+    name = model_name.lower()
+    if name in ("default", SMOLLM2_135M_TOOL.name.lower()):
+        return "improved"
+    return "released" if "rstar" in name else "improved"
+
 
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

@@ -26,6 +26,7 @@ from rstar.server.limits import Admission
 from rstar.server.metrics import SANDBOX_FAILURES, ServerMetrics
 from rstar.server.schemas import CodeCell
 from rstar.server.tool_calls import CALL_CLOSE, CALL_OPEN, TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
+from rstar.server.tool_results import ToolProtocol, protocol_max_tool_response_chars
 from rstar.server.trajectory import ToolCallRecord, Trajectory
 
 
@@ -41,6 +42,7 @@ class Serving:
     settings: Settings
     metrics: ServerMetrics
     admission: Admission
+    tool_protocol: ToolProtocol  # the server's choice for its model; a request may pick the other
 
     templates: dict[str, ChatTemplate] = field(default_factory=dict)  # per-request choices, built once each
 
@@ -103,6 +105,7 @@ class Limits:
     max_turns: int | None = None
     tool_timeout: float | None = None
     chat_template: str | None = None  # "rstar" | "model"; None: the server's choice
+    tool_protocol: ToolProtocol | None = None  # None: the server's choice
 
 
 def forced_call_prefix(tool_choice: Any) -> str | None:
@@ -152,11 +155,16 @@ def plan_agent(
     if room <= 0 or (limits.max_tokens is not None and limits.max_tokens > room):
         raise serving.context_error(len(prompt_ids), limits.max_tokens)
     client_names = frozenset(tool["function"]["name"] for tool in offered)
+    protocol = limits.tool_protocol or serving.tool_protocol
+    cut = settings.max_tool_response_chars
     config = LoopConfig(
         max_turns=max_turns,
         max_response_tokens=limits.max_tokens,
-        # One built-in call per turn as released; clients may get parallel calls of their own tools.
+        # One built-in call per turn under both protocols, as released (verl's max_parallel_calls=1); the
+        # released loop had no client tools, so clients may get parallel calls of their own tools.
         max_parallel_calls=16 if client_names else 1,
+        tool_protocol=protocol,
+        max_tool_response_chars=protocol_max_tool_response_chars(protocol) if cut is None else cut or None,
         client_tools=client_names,
         builtin_tools=frozenset(BUILTIN_TOOLS) if builtin_tools else frozenset(),
         token_events=True,

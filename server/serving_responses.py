@@ -210,6 +210,7 @@ class ResponsesService:
             max_turns=request.max_turns,
             tool_timeout=request.tool_timeout,
             chat_template=request.chat_template,
+            tool_protocol=request.tool_protocol,
         )
         functions = [
             {"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)} for tool in request.tools if isinstance(tool, FunctionTool)

@@ -5,11 +5,14 @@ of the tool turn that carries it.
 their tool-turn tokens from it (through the agent loop), so serving and training see the same stream.
 
 The tool turn is the chat template's own rendering of the tool messages, cut where the model's turn ends
-and the next one's sampled text begins. Deliberate difference from the released training loop: that loop
-tokenized the tool messages alone, so the model's `<|im_end|>` was followed directly by `<|im_start|>user`;
-here the template's `\\n` after `<|im_end|>` is kept (with response mask 0). The token stream therefore
-decodes to exactly the conversation the template renders, so a client that sends the conversation back
-gets the same prompt tokens (prefix-cache hits) and one format serves chat, evals and RL.
+and the next one's sampled text begins. Two tool protocols differ here (and in the sandbox's result text,
+the second cut of that text and the answers to calls the released loop rejects; docs/api.md has the table):
+
+- `released`: as rStar2-Agent's training loop built its stream. It tokenized the tool messages alone, so
+  the model's `<|im_end|>` is followed directly by `<|im_start|>user`, with no `\\n` token between.
+- `improved`: the template's `\\n` after `<|im_end|>` is kept (with response mask 0). The token stream then
+  decodes to exactly the conversation the template renders, so a client that sends the conversation back
+  gets the same prompt tokens (prefix-cache hits) and one format serves chat, evals and RL.
 """
 
 from __future__ import annotations
@@ -21,6 +24,15 @@ from typing import Literal
 from rstar.server.chat_template import ChatTemplate
 
 TruncateSide = Literal["left", "right", "middle"]
+ToolProtocol = Literal["released", "improved"]
+TOOL_PROTOCOLS: tuple[ToolProtocol, ...] = ("released", "improved")
+# The released loop's second cut of a result text: verl's max_tool_response_length, left at its default.
+RELEASED_MAX_TOOL_RESPONSE_CHARS = 256
+
+
+def protocol_max_tool_response_chars(protocol: ToolProtocol) -> int | None:
+    """The second cut each protocol makes by default: 256 chars (middle) as released, none when improved."""
+    return RELEASED_MAX_TOOL_RESPONSE_CHARS if protocol == "released" else None
 
 
 @dataclass(frozen=True)
@@ -78,12 +90,13 @@ def truncate_response(text: str, max_chars: int | None, side: TruncateSide = "mi
 _TURN_SENTINEL = "\x00rstar-model-turn\x00"
 
 
-def tool_turn_text(template: ChatTemplate, responses: Sequence[str], sampled_turn_end: str) -> str:
+def tool_turn_text(template: ChatTemplate, responses: Sequence[str], sampled_turn_end: str, protocol: ToolProtocol = "improved") -> str:
     """Text from the end of the model's sampled turn to where its next turn's sampled text begins.
 
     responses: the tool response texts, in call order. sampled_turn_end: the part of the template's
     turn end that the model already sampled (normally its end-of-turn token, '<|im_end|>'), or '' when
-    the turn stopped otherwise; the template supplies the rest.
+    the turn stopped otherwise; the template supplies the rest. Under `released` the whitespace the
+    template writes after its end-of-turn token is left out, as the released loop left it out.
     """
     messages = [
         {"role": "user", "content": "hi"},
@@ -92,11 +105,14 @@ def tool_turn_text(template: ChatTemplate, responses: Sequence[str], sampled_tur
     ]
     rendered = template.render(messages, add_generation_prompt=True)
     after_turn = rendered.split(_TURN_SENTINEL, 1)[1]
+    closing = template.turn_end
+    if protocol == "released" and after_turn.startswith(closing):
+        after_turn = closing.rstrip() + after_turn[len(closing) :]
     if not after_turn.startswith(sampled_turn_end):
         raise ValueError(f"the template closes an assistant turn with {after_turn[:20]!r}, not {sampled_turn_end!r}")
     return after_turn[len(sampled_turn_end) :]
 
 
-def tool_turn_ids(template: ChatTemplate, responses: Sequence[str], sampled_turn_end: str) -> list[int]:
+def tool_turn_ids(template: ChatTemplate, responses: Sequence[str], sampled_turn_end: str, protocol: ToolProtocol = "improved") -> list[int]:
     """The bridge: token ids of the tool turn (all response-mask 0), including the next turn's opening."""
-    return template.encode_text(tool_turn_text(template, responses, sampled_turn_end))
+    return template.encode_text(tool_turn_text(template, responses, sampled_turn_end, protocol))

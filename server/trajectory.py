@@ -58,6 +58,9 @@ class Trajectory:
     stop_reason: StopReason | None = None
     weight_version: int = 0  # the engine's at the first turn; per-turn versions are in `turns`
     model: str = ""
+    # The tool protocol that produced it (tool_results.ToolProtocol): 'released' or 'improved'. Stored
+    # trajectories from before it was recorded load as 'improved', the only protocol there was then.
+    tool_protocol: str = "improved"
 
     @property
     def num_sampled_tokens(self) -> int:

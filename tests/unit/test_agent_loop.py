@@ -81,10 +81,12 @@ class ScriptedExecutor:
     def __init__(self, outputs: dict[str, str] | None = None, block: bool = False):
         self.outputs, self.block = outputs or {}, block
         self.calls: list[tuple[str, str, list[str]]] = []
+        self.protocols: list[str] = []
         self.cancelled = False
 
-    async def execute(self, tool, code, stdin, replay):
+    async def execute(self, tool, code, stdin, replay, protocol="improved"):
         self.calls.append((code, stdin, list(replay)))
+        self.protocols.append(protocol)
         if self.block:
             try:
                 await asyncio.sleep(3600)

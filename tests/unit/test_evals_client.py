@@ -105,7 +105,7 @@ def test_a_prompt_over_the_context_window_is_a_scored_empty_answer_not_a_failure
 
 
 class ScriptedExecutor:
-    async def execute(self, tool, code, stdin, replay):
+    async def execute(self, tool, code, stdin, replay, protocol="improved"):
         return ExecResult(success=True, stdout="4\n", duration_s=0.01)
 
 

@@ -175,7 +175,7 @@ class RecordingExecutor:
     def __init__(self, result=ExecResult(success=True, stdout="ok", duration_s=0.01), error=None):
         self.result, self.error, self.calls = result, error, []
 
-    async def execute(self, tool, code, stdin, replay):
+    async def execute(self, tool, code, stdin, replay, protocol="improved"):
         self.calls.append((tool, code, stdin, list(replay)))
         if self.error:
             raise self.error
