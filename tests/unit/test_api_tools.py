@@ -204,3 +204,23 @@ def test_a_client_call_that_does_not_decode_is_not_returned_as_a_call(make_serve
         assert choice.message.tool_calls is None
         assert choice.finish_reason == "length"
     assert len(http.get("/v1/conversations").json()["data"]) == 1  # stored, not lost to a server error
+
+
+@pytest.mark.parametrize("protocol, between_turns", [(None, "\n"), ("improved", "\n"), ("released", "")])
+def test_a_request_picks_its_tool_protocol(make_server, protocol, between_turns):
+    """The tool turn after the model's <|im_end|>: a newline under `improved` (this server's default for a
+    model whose name does not say rStar), none under `released`, as rStar2-Agent's loop built it."""
+    client, http, engine, _ = make_server(replies=TOOL_TURNS)
+    sandbox_of(http).outputs["print(6*7)"] = "42\n"
+    extra = {"tool_protocol": protocol} if protocol else {}
+    client.chat.completions.create(model="scripted", messages=QUESTION, extra_body=extra)
+    second_prompt = engine.tokenizer.decode(engine.prompts[1])
+    assert "</tool_call><|im_end|>" + between_turns + "<|im_start|>user\n<tool_response>" in second_prompt
+
+
+def test_an_unknown_tool_protocol_is_a_400_naming_the_choices(make_server):
+    client, _, engine, _ = make_server()
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="scripted", messages=QUESTION, extra_body={"tool_protocol": "paper"})
+    assert err.value.body["param"] == "tool_protocol" and "released" in err.value.body["message"]
+    assert engine.prompts == []
