@@ -157,7 +157,13 @@ def db_upgrade(database_url: Annotated[Optional[str], typer.Option(help="[env: R
 
 
 def main() -> None:
-    app()
+    from rstar.config import SettingsInvalid
+
+    try:
+        app()
+    except SettingsInvalid as exc:  # any command: a bad RSTAR_* value is one line, not a traceback
+        console.print(f"[red]rstar:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rstar.sandbox.settings import SandboxSettings
@@ -101,7 +101,20 @@ class Settings(BaseSettings):
         return self.cache_dir / "models"
 
 
+class SettingsInvalid(ValueError):
+    """A setting's value (from the environment or a flag) that the schema refuses; the message names the
+    environment variable that sets it, what it should be and what it was."""
+
+
 def load_settings(**overrides) -> Settings:
     """Settings from defaults + environment, with CLI overrides (None means 'flag not given')."""
     given = {key: value for key, value in overrides.items() if value is not None}
-    return Settings(**given)
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            path = ".".join(str(part) for part in error["loc"])
+            variable = "RSTAR_" + "__".join(str(part).upper() for part in error["loc"])
+            problems.append(f"{path} ({variable}): {error['msg']}, got {error.get('input')!r}")
+        raise SettingsInvalid("invalid setting: " + "; ".join(problems)) from None

@@ -3,9 +3,7 @@ import subprocess
 import sys
 
 import pytest
-from pydantic import ValidationError
-
-from rstar.config import load_settings
+from rstar.config import SettingsInvalid, load_settings
 
 
 def test_defaults_point_at_user_dirs_and_embedded_model():
@@ -34,8 +32,19 @@ def test_cli_overrides_beat_environment_and_none_means_not_given(monkeypatch):
 
 
 def test_unknown_setting_is_rejected(monkeypatch):
-    with pytest.raises(ValidationError):
+    with pytest.raises(SettingsInvalid, match="no_such_knob"):
         load_settings(no_such_knob=1)
+
+
+def test_a_bad_environment_value_is_one_line_naming_the_variable_for_any_command(tmp_path):
+    env = {"RSTAR_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin", "RSTAR_API__TOOL_PROTOCOL": "paper"}
+    for command in (["serve"], ["eval", "list"]):
+        done = subprocess.run([sys.executable, "-m", "rstar.cli", *command], capture_output=True, text=True, env=env)
+        assert done.returncode == 2
+        assert done.stderr.strip().splitlines() == [
+            "rstar: invalid setting: api.tool_protocol (RSTAR_API__TOOL_PROTOCOL): Input should be 'released' or 'improved', got 'paper'"
+        ]
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
 
 
 def test_config_show_prints_json_with_the_api_key_masked(monkeypatch, tmp_path):
