@@ -114,18 +114,32 @@ def run_command(
     data_dir: Annotated[Optional[Path], typer.Option(help="Local benchmark data laid out like shared/data/; none: the Hugging Face sources.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Base of the per-sample seeds. [default: 0]")] = None,
     tool_timeout: Annotated[Optional[float], typer.Option(help="Seconds one Python execution may run (server's default if unset).")] = None,
+    answer_extraction: Annotated[
+        Optional[str], typer.Option(help="How math answers are read: paper (\\boxed{} inside <answer>) or released (the released reward: whole response, tool output included, with its fallbacks). [default: paper]")
+    ] = None,
     run_id: Annotated[Optional[str], typer.Option(help="Id for the run, up to 32 characters (default: random); an existing run with this id is continued, as with --resume.")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Continue this run: only missing samples are generated.")] = None,
     database_url: Annotated[Optional[str], typer.Option(help="[env: RSTAR_DATABASE_URL]")] = None,
 ) -> None:
     """Generate, grade and store every sample; write reports to <data dir>/evals/<run id>/."""
+    from rstar.evals.answers import PAPER_EXTRACTION
     from rstar.evals.runner import RunStore, plan
     from rstar.server.db import open_database
 
     settings = load_settings(model=model if endpoint is None else None, api_key=api_key, database_url=database_url)
     store = RunStore(open_database(settings.resolved_database_url))
     overrides = {"samples": samples, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "max_turns": max_turns}
-    run_options = {"limit": limit, "data_dir": str(data_dir.resolve()) if data_dir else None, "seed": seed, "tool_timeout": tool_timeout}
+    from rstar.evals.answers import extraction_error
+
+    if answer_extraction is not None and (problem := extraction_error(answer_extraction)):
+        raise _fail(f"--answer-extraction: {problem}")
+    run_options = {
+        "limit": limit,
+        "data_dir": str(data_dir.resolve()) if data_dir else None,
+        "seed": seed,
+        "tool_timeout": tool_timeout,
+        "answer_extraction": answer_extraction,
+    }
     if run_id and not resume and store.get(run_id) is not None:
         # The same command started again (after a crash or kill): continue the run it started.
         resume = run_id
@@ -143,7 +157,7 @@ def run_command(
     else:
         if run_id and len(run_id) > 32:
             raise _fail(f"--run-id is at most 32 characters: {run_id!r}")
-        config = {"benchmarks": plan(_suite(suite or PAPER_SUITE), overrides), **run_options, "seed": seed or 0}
+        config = {"benchmarks": plan(_suite(suite or PAPER_SUITE), overrides), **run_options, "seed": seed or 0, "answer_extraction": answer_extraction or PAPER_EXTRACTION}
         model_name = model
     asyncio.run(_run(store, settings, resume or run_id, config, model_name, endpoint, concurrency, resuming=bool(resume)))
 
@@ -152,7 +166,17 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
     from rstar.evals.client import FatalRequestError, HttpChatClient
     from rstar.evals.data import DataUnavailable
     from rstar.evals.report import write_run_reports
-    from rstar.evals.runner import context_problems, execute
+    from rstar.evals.budget import longest_prompt, measure_with_server, measure_with_tokenizer, model_window_limit, refusal
+    from rstar.evals.registry import get_benchmark
+    from rstar.evals.runner import execute, select_docs
+
+    # Docs load before the run is created: missing data or a budget that cannot fit leaves nothing stored.
+    data_dir = Path(config["data_dir"]) if config.get("data_dir") else None
+    try:
+        docs = {name: get_benchmark(name).load(data_dir) for name in config["benchmarks"]}
+    except DataUnavailable as exc:
+        raise _fail(str(exc)) from None
+    prompts = {name: longest_prompt(select_docs(docs[name], config.get("limit")), get_benchmark(name).build_prompt) for name in docs}
 
     async def go(client, model_name: str):
         run = store.get(run_id) if resuming else store.create(run_id, model_name, endpoint or "", list(config["benchmarks"]), config)
@@ -161,7 +185,7 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
         console.print(f"eval run [bold]{run.id}[/bold] ({model_name}); resume with: rstar eval run --resume {run.id}", highlight=False)
         try:
             with _progress() as bars:
-                outcome = await execute(store, run, client, concurrency, RichProgress(bars))
+                outcome = await execute(store, run, client, concurrency, RichProgress(bars), docs=docs)
         except FatalRequestError as exc:
             raise _fail(str(exc)) from None
         except DataUnavailable as exc:
@@ -180,11 +204,16 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
             models = await client.models()
             model = model or models[0]["id"]
             window = next((m.get("max_model_len") for m in models if m["id"] == model), None)
-            if problems := context_problems(config["benchmarks"], window):
-                raise _fail(
-                    f"the server's context window is {window} tokens, too small for {', '.join(problems)}: "
-                    f"pass --max-tokens below {window} (minus the prompt), or serve with a larger --max-model-len"
+            if window is None:
+                console.print(
+                    f"the server does not report its context window (max_model_len in /v1/models), so the token budget is not checked; "
+                    f"requests over its window are stored as refused samples scoring 0",
+                    highlight=False,
                 )
+            else:
+                budgets = await measure_with_server(client, config["benchmarks"], prompts, model)
+                if problem := refusal(budgets, window, "the server's context window", "serve with a larger window (rstar serve --max-model-len N)"):
+                    raise _fail(problem)
             await go(client, model)
         finally:
             await client.close()
@@ -196,10 +225,21 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
     from rstar.server.engine import VllmEngine
     from rstar.server.model_store import resolve_model
 
+    from transformers import AutoTokenizer
+
     resolved = resolve_model(settings.model, settings.models_dir)
     name = model or resolved.name
-    console.print(f"starting the engine on {resolved.path} (about a minute on CPU)", highlight=False)
-    engine = await VllmEngine.start(resolved.path, settings.engine, served_model_name=name)
+    try:
+        budgets = measure_with_tokenizer(AutoTokenizer.from_pretrained(resolved.path), name, config["benchmarks"], prompts)
+    except ValueError as exc:  # the native template on a model without a template of its own
+        raise _fail(f"{exc}; IFEval and BFCL are scored with the model's own template, so run them on a model that has one") from None
+    supported = model_window_limit(resolved.path) or settings.engine.max_model_len
+    if problem := refusal(budgets, supported, f"{name}'s longest supported context (max_position_embeddings)", "use a model with a longer context"):
+        raise _fail(problem)
+    # A window that fits the run's largest budget: the configured one when it is larger (and the model supports it).
+    window = max(min(settings.engine.max_model_len, supported), *(b.needed for b in budgets))
+    console.print(f"starting the engine on {resolved.path} with a {window}-token window (about a minute on CPU)", highlight=False)
+    engine = await VllmEngine.start(resolved.path, settings.engine.model_copy(update={"max_model_len": window}), served_model_name=name)
     try:
         async with connect(settings.sandbox) as sandbox:
             await go(InProcessChatClient(engine, SandboxExecutor(sandbox)), name)

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from rstar.evals.answers import answer_view
 from rstar.evals.registry import RSTAR_TEMPLATE, Prompt
 
 
@@ -108,7 +109,8 @@ async def generate(client: ChatClient, prompt: Prompt, params: GenerationParams,
     if env is None:
         completion = await client.complete(prompt.messages, prompt.tools, params)
         sample.add(completion)
-        sample.response = completion.content if prompt.tools is None else completion.tool_calls
+        # Text answers are read from the trajectory, so both clients' samples read (and grade) alike.
+        sample.response = answer_view(completion.trajectory).answer_text if prompt.tools is None else completion.tool_calls
         return sample
     try:
         sample.response = await _multi_turn(client, prompt, params, env, sample)
@@ -155,6 +157,21 @@ def _wire_call(call_id: str, call: dict) -> dict:
     }
 
 
+def server_template(kind: str) -> str:
+    """The server's name (`chat_template` over HTTP, `choose_template`'s override in process) for a
+    benchmark's template choice: NATIVE_TEMPLATE is the model's own template, never the server's default,
+    which for an rStar-named model is the rStar template with its answer instruction."""
+    return "rstar" if kind == RSTAR_TEMPLATE else "model"
+
+
+def listed_tools(kind: str, tools: list[dict] | None) -> list[dict]:
+    """The tools the prompt lists in process: the built-in Python tool with the rStar template, else the
+    benchmark's own (BFCL's functions)."""
+    from rstar.server.builtin_tools import builtin_tool_schemas
+
+    return builtin_tool_schemas() if kind == RSTAR_TEMPLATE else list(tools or [])
+
+
 # ------------------------------------------------------------------------------------------------ HTTP
 
 
@@ -199,10 +216,11 @@ class HttpChatClient:
             "max_tokens": params.max_tokens,
             "builtin_tools": builtin,
         }
+        # The template the benchmark was scored with, whatever the server's default for its model, as the
+        # in-process path renders it: rStar's, or the model's own (never the rStar answer instruction).
+        body["chat_template"] = server_template(params.template)
         if builtin:  # without built-in tools the first turn is the answer (or ends at the client's tool calls)
             body["max_turns"] = params.max_turns
-            # The rStar prompt whatever the server's default for its model, as the in-process path renders it.
-            body["chat_template"] = "rstar"
         if params.seed is not None:
             body["seed"] = params.seed
         if params.tool_timeout is not None:
@@ -306,8 +324,7 @@ class InProcessChatClient:
         from rstar.server.chat_template import choose_template
 
         if kind not in self._templates:
-            override = "rstar" if kind == RSTAR_TEMPLATE else None  # native: the model's own template
-            self._templates[kind] = choose_template(self.engine.tokenizer, self.engine.model_name, override)
+            self._templates[kind] = choose_template(self.engine.tokenizer, self.engine.model_name, server_template(kind))
         return self._templates[kind]
 
     async def complete(self, messages: list[dict], tools: list[dict] | None, params: GenerationParams) -> Completion:
@@ -318,14 +335,13 @@ class InProcessChatClient:
 
     async def _complete(self, messages: list[dict], tools: list[dict] | None, params: GenerationParams) -> Completion:
         from rstar.server.agent_loop import LoopConfig, run_trajectory
-        from rstar.server.builtin_tools import builtin_tool_schemas
         from rstar.server.engine import SamplingOptions
         from rstar.server.model_store import default_tool_protocol
         from rstar.server.tool_results import protocol_max_tool_response_chars
         from rstar.server.tool_calls import parse_tool_calls
 
         builtin = params.template == RSTAR_TEMPLATE
-        listed = builtin_tool_schemas() if builtin else list(tools or [])
+        listed = listed_tools(params.template, tools)
         # Client tools end the answer at the first turn that calls one; the calls are read from its text.
         protocol = default_tool_protocol(self.engine.model_name)
         config = LoopConfig(
@@ -354,6 +370,8 @@ class InProcessChatClient:
             turns=len(trajectory.turns),
             code_calls=len(trajectory.tool_calls) if builtin else 0,
             finish_reason=trajectory.stop_reason,
-            trajectory=trajectory.to_dict(),
+            # Whether each turn's text begins inside the reasoning block: what `answer_view` needs to split it
+            # as the server splits a response.
+            trajectory={**trajectory.to_dict(), "starts_in_reasoning": template.starts_in_reasoning},
             error=None if trajectory.turns else "context_length_exceeded",
         )

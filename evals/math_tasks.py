@@ -1,15 +1,17 @@
 """AIME 2024, AIME 2025 and HMMT February 2025: answer-checked competition math.
 
 The prompt is the bare problem: the rStar template adds the answer instruction (<answer> tags, \\boxed{}).
-Grading is the sandbox's answer check, `rstar.sandbox.verify.score`, the same one RL rewards use: math-verify
-plus integer comparison (AIME's zero-padded "025" equals 25), on the `\\boxed{}` inside <answer> first, else
-the last `\\boxed{}`.
+Grading reads the answer from the sample's trajectory (`rstar.evals.answers`: the paper's extraction by
+default, the released reward's with `--answer-extraction released`) and compares it with the sandbox's
+check, `rstar.sandbox.verify.answers_match`, the same one RL rewards use: math-verify plus integer comparison
+(AIME's zero-padded "025" equals 25).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from rstar.evals.answers import PAPER_EXTRACTION, AnswerView, released_score
 from rstar.evals.data import hf_rows, local_file, read_jsonl
 from rstar.evals.metrics import sampled_accuracy
 from rstar.evals.registry import RSTAR_TEMPLATE, Benchmark, Doc, Grade, Prompt, Sampling, register
@@ -60,6 +62,7 @@ def build_prompt(doc: Doc, sample_index: int) -> Prompt:
 
 
 def grade(doc: Doc, response: str, sample_index: int) -> Grade:
+    """The paper's extraction on an answer text."""
     """In-process check. math-verify's own timeouts use SIGALRM (main thread only); a runner that grades
     untrusted responses at scale can send the same `score` through the sandbox pool instead."""
     # Imported here so that loading the registry does not pull in math-verify and sympy.
@@ -67,6 +70,15 @@ def grade(doc: Doc, response: str, sample_index: int) -> Grade:
 
     correct = score(response, doc["answer"])
     return Grade(doc["id"], sample_index, 1.0 if correct else 0.0, {"gold": doc["answer"], "predicted": extract_answer(response)})
+
+
+def grade_view(doc: Doc, view: AnswerView, sample_index: int, extraction: str) -> Grade:
+    """A whole answer under the run's extraction: the paper's (its answer text) or the released reward's
+    (its whole text, tool output included)."""
+    if extraction == PAPER_EXTRACTION:
+        return grade(doc, view.answer_text, sample_index)
+    correct, predicted = released_score(view.whole_text, doc["answer"])
+    return Grade(doc["id"], sample_index, 1.0 if correct else 0.0, {"gold": doc["answer"], "predicted": predicted, "extraction": extraction})
 
 
 for _name, _source, _load in (
@@ -81,6 +93,7 @@ for _name, _source, _load in (
             load=_load,
             build_prompt=build_prompt,
             grade=grade,
+            grade_view=grade_view,
             aggregate=sampled_accuracy,
             sampling=PAPER_SAMPLING,
             primary_metric="avg_pass_at_1",

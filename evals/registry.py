@@ -71,6 +71,9 @@ class Benchmark:
     # For benchmarks whose tool calls the harness executes while generating (BFCL multi-turn): a fresh
     # environment for one sample of a doc, or None when that doc needs none.
     environment: Callable[[Doc], Any] | None = None
+    # For benchmarks whose answer extraction is a run setting (math): grade the whole answer view
+    # (`rstar.evals.answers.AnswerView`) under the run's extraction name instead of `grade`.
+    grade_view: Callable[[Doc, Any, int, str], Grade] | None = None
 
 
 REGISTRY: dict[str, Benchmark] = {}

@@ -31,15 +31,25 @@ def markdown(run: dict[str, Any], summary: dict[str, dict[str, Any]]) -> str:
         f"- status: {run['status']}",
         f"- created: {run['created_at']}" + (f", finished: {run['finished_at']}" if run.get("finished_at") else ""),
         "",
-        "| benchmark | metric | score (± s.e.) | samples | k | temp | mean tokens | mean turns | mean tool calls |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"- answer extraction (math): {run['config'].get('answer_extraction', 'paper')}",
+        "",
+        "| benchmark | metric | score (± s.e.) | samples | k | temp | max tokens | truncated | mean tokens | mean turns | mean tool calls |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in summary.items():
         sampling = run["config"]["benchmarks"][name]
         samples = f"{entry['samples']}/{entry['expected_samples']}"
         means = [f"{entry[key]:.1f}" if key in entry else "-" for key in ("mean_completion_tokens", "mean_num_turns", "mean_num_tool_calls")]
-        lines.append(f"| {name} | {entry['primary_metric']} | {score_text(entry)} | {samples} | {sampling['samples']} | {sampling['temperature']} | {' | '.join(means)} |")
-    lines += ["", "Scores in percent; s.e. is the standard error over docs (k samples of a doc are averaged first)."]
+        rate = entry.get("truncation_rate")
+        truncated = f"{100 * rate:.1f}%" if rate is not None else "-"
+        lines.append(
+            f"| {name} | {entry['primary_metric']} | {score_text(entry)} | {samples} | {sampling['samples']} | {sampling['temperature']} | {sampling['max_tokens']} | {truncated} | {' | '.join(means)} |"
+        )
+    lines += [
+        "",
+        "Scores in percent; s.e. is the standard error over docs (k samples of a doc are averaged first).",
+        "Truncated: share of samples cut off by the token budget or the turn limit instead of ending their answer.",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -28,6 +28,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
+from rstar.evals.answers import PAPER_EXTRACTION, answer_view
 from rstar.evals.client import ChatClient, FatalRequestError, GenerationParams, Sample, generate
 from rstar.evals.registry import Benchmark, Doc, Grade, get_benchmark
 from rstar.server.db import EvalRun, EvalSample
@@ -56,11 +57,10 @@ def plan(suite: Iterable[str], overrides: dict[str, Any]) -> dict[str, dict[str,
     return planned
 
 
-def context_problems(benchmarks: dict[str, dict[str, Any]], max_model_len: int | None) -> list[str]:
-    """Benchmarks whose token budget a server with this context window would refuse on every request."""
-    if not max_model_len:
-        return []
-    return [f"{name} (max_tokens {s['max_tokens']})" for name, s in benchmarks.items() if s["max_tokens"] >= max_model_len]
+def truncated(trajectory: dict) -> bool:
+    """Whether the answer was cut off rather than finished: the agent loop's stop reasons `length` (token
+    budget) and `max_turns`, or OpenAI's finish reason `length`, which our server also gives for a turn limit."""
+    return trajectory.get("stop_reason") in ("length", "max_turns")
 
 
 def select_docs(docs: list[Doc], limit: int | None) -> list[Doc]:
@@ -194,6 +194,8 @@ def summarize(bench: Benchmark, grades: list[Grade], stats: list[SampleStats], e
     summary["complete"] = len(grades) == expected
     # Samples the server refused (prompt over its context window): stored and scored 0, counted here.
     summary["refused"] = sum(1 for g in grades if g.details.get("generation_errors"))
+    # Share of samples cut off by the token budget or the turn limit rather than ending their answer.
+    summary["truncation_rate"] = fmean(1.0 if g.details.get("truncated") else 0.0 for g in grades) if grades else None
     if grades:
         metrics = bench.aggregate(grades)
         summary.update(
@@ -284,6 +286,7 @@ async def execute(
             )
             queue.put_nowait(_Work(bench, doc, index, params))
 
+    extraction = config.get("answer_extraction", PAPER_EXTRACTION)  # runs stored before the setting: the paper's
     counts = {"generated": 0, "failed": 0}
     loop = asyncio.get_running_loop()
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval-writer")
@@ -294,7 +297,10 @@ async def execute(
             env = work.bench.environment(work.doc) if work.bench.environment else None
             try:
                 sample = await generate(client, work.bench.build_prompt(work.doc, work.index), work.params, env)
-                grade = work.bench.grade(work.doc, sample.response, work.index)
+                if work.bench.grade_view is not None:
+                    grade = work.bench.grade_view(work.doc, answer_view(sample.trajectory), work.index, extraction)
+                else:
+                    grade = work.bench.grade(work.doc, sample.response, work.index)
             except FatalRequestError:
                 raise
             except Exception as exc:  # one sample's failure must not lose the others; a resume retries it
@@ -304,6 +310,7 @@ async def execute(
                 continue
             if sample.errors:
                 grade.details["generation_errors"] = sample.errors
+            grade.details["truncated"] = not sample.errors and truncated(sample.trajectory)  # a refusal is counted apart
             if await loop.run_in_executor(writer, store.add, run.id, work.bench.name, grade, sample):
                 counts["generated"] += 1
             progress.advance(work.bench.name, grade.score)

@@ -22,15 +22,15 @@ def make_server(tmp_path, default_tokenizer):
     The sandbox is `http.app.state.serving.sandbox`."""
     opened = []
 
-    def start(replies=(REPLY,), sandbox=None, max_model_len=1024, **settings_overrides):
+    def start(replies=(REPLY,), sandbox=None, max_model_len=1024, model_name="scripted", **settings_overrides):
         settings = load_settings(data_dir=tmp_path, **settings_overrides)
-        engine = ScriptedEngine(default_tokenizer, list(replies), max_model_len=max_model_len)
+        engine = ScriptedEngine(default_tokenizer, list(replies), model_name=model_name, max_model_len=max_model_len)
         sandbox = sandbox or ScriptedSandbox()
 
         async def factory():
             return engine
 
-        http = TestClient(create_app(settings, factory, "scripted", sandbox_factory=lambda: sandbox))
+        http = TestClient(create_app(settings, factory, model_name, sandbox_factory=lambda: sandbox))
         http.__enter__()
         opened.append(http)
         client = openai.OpenAI(base_url="http://testserver/v1", api_key=settings.api_key or "none", http_client=http, max_retries=0)

@@ -78,7 +78,7 @@ def test_native_template_declares_client_tools_and_returns_the_calls():
 
     sample = asyncio.run(generate(mock_client(handler), Prompt(messages=[{"role": "user", "content": "weather?"}], tools=WEATHER), NATIVE))
     assert seen[0]["builtin_tools"] is False and seen[0]["tools"] == WEATHER and "max_turns" not in seen[0]
-    assert "chat_template" not in seen[0]  # the benchmark's own prompt: the server's template for its model
+    assert seen[0]["chat_template"] == "model"  # the benchmark's own prompt: the model's template, never the rStar one
     assert sample.response == [{"id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'}]
     assert sample.num_tool_calls == 1 and sample.num_turns == 1
 
