@@ -95,12 +95,11 @@ async def measure_with_server(client: Any, benchmarks: dict[str, dict], prompts:
 def measure_with_tokenizer(tokenizer: Any, model_name: str, benchmarks: dict[str, dict], prompts: dict[str, Prompt]) -> list[Budget]:
     """Each benchmark's longest prompt rendered and counted as the in-process client will send it.
     A model without a template of its own raises ValueError for the native template."""
-    from rstar.evals.client import listed_tools, server_template
-    from rstar.server.chat_template import choose_template
+    from rstar.evals.client import benchmark_template, listed_tools
 
     budgets = []
     for name, sampling in benchmarks.items():
-        template = choose_template(tokenizer, model_name, server_template(sampling["template"]))
+        template = benchmark_template(tokenizer, model_name, sampling["template"])
         prompt = prompts[name]
         count = len(template.encode(prompt.messages, listed_tools(sampling["template"], prompt.tools)))
         budgets.append(Budget(name, sampling["max_tokens"], count))

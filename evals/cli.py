@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rstar.config import load_settings
+from rstar.evals.registry import RSTAR_TEMPLATE
 
 app = typer.Typer(no_args_is_help=True, help="Benchmarks: AIME24/25, HMMT25, GPQA-Diamond, IFEval, BFCL v3.")
 console = Console(stderr=True)
@@ -203,6 +204,11 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
         try:
             models = await client.models()
             model = model or models[0]["id"]
+            if not client.rstar_server and (needs_tool := [name for name, b in config["benchmarks"].items() if b["template"] == RSTAR_TEMPLATE]):
+                raise _fail(
+                    f"{', '.join(needs_tool)} run with the rStar template and its built-in Python tool, which only an rstar server executes; "
+                    f"{endpoint} is not one (its /v1/models does not say owned_by: rstar). Serve the model with `rstar serve`, or run only native suites"
+                )
             window = next((m.get("max_model_len") for m in models if m["id"] == model), None)
             if window is None:
                 console.print(

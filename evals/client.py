@@ -164,6 +164,21 @@ def server_template(kind: str) -> str:
     return "rstar" if kind == RSTAR_TEMPLATE else "model"
 
 
+def template_variables(kind: str) -> dict[str, Any]:
+    """`chat_template_kwargs` for a benchmark's template choice. A model whose own template is rStar's (the
+    embedded default) would still put the math answer instruction before an IFEval or BFCL prompt; native
+    turns it off (templates without the variable ignore it)."""
+    return {} if kind == RSTAR_TEMPLATE else {"math_instruction": False}
+
+
+def benchmark_template(tokenizer: Any, model_name: str, kind: str):
+    """The template a benchmark's prompts render with in process, as the server renders them over HTTP.
+    Raises ValueError for the native choice on a model without a template of its own."""
+    from rstar.server.chat_template import choose_template
+
+    return choose_template(tokenizer, model_name, server_template(kind)).with_variables(template_variables(kind))
+
+
 def listed_tools(kind: str, tools: list[dict] | None) -> list[dict]:
     """The tools the prompt lists in process: the built-in Python tool with the rStar template, else the
     benchmark's own (BFCL's functions)."""
@@ -184,8 +199,9 @@ def chat_completions_url(endpoint: str) -> str:
 
 
 class HttpChatClient:
-    """Any OpenAI-compatible endpoint. rstar's extension fields (`builtin_tools`, `max_turns`, `chat_template`, `tool_timeout`)
-    are sent always: other servers ignore unknown fields, rstar's server runs the tool loop on them.
+    """Any OpenAI-compatible endpoint. rstar's extension fields (`builtin_tools`, `max_turns`, `chat_template`,
+    `chat_template_kwargs`, `tool_timeout`) go only to an rstar server (its /v1/models says `owned_by: rstar`):
+    vLLM, for one, reads `chat_template` as template text, so a choice's name would become the prompt.
 
     Transport errors, 5xx and 429 are retried with backoff; a context-length refusal becomes a completion
     with `error` (the sample scores 0, as bfcl-eval and lm-eval count it); other 4xx stop the run.
@@ -197,6 +213,7 @@ class HttpChatClient:
         self.http = httpx.AsyncClient(timeout=timeout_s, headers=headers)
         self.retries = retries
         self.backoff_s = backoff_s
+        self.rstar_server = True  # until `models()` says otherwise
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -204,7 +221,9 @@ class HttpChatClient:
     async def models(self) -> list[dict]:
         response = await self.http.get(self.url.removesuffix("/chat/completions") + "/models")
         response.raise_for_status()
-        return response.json()["data"]
+        models = response.json()["data"]
+        self.rstar_server = any(model.get("owned_by") == "rstar" for model in models)
+        return models
 
     def body(self, messages: list[dict], tools: list[dict] | None, params: GenerationParams) -> dict:
         builtin = params.template == RSTAR_TEMPLATE
@@ -214,19 +233,23 @@ class HttpChatClient:
             "temperature": params.temperature,
             "top_p": params.top_p,
             "max_tokens": params.max_tokens,
-            "builtin_tools": builtin,
         }
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if tools:
+            body["tools"] = tools
+        if not self.rstar_server:
+            return body
+        body["builtin_tools"] = builtin
         # The template the benchmark was scored with, whatever the server's default for its model, as the
         # in-process path renders it: rStar's, or the model's own (never the rStar answer instruction).
         body["chat_template"] = server_template(params.template)
+        if variables := template_variables(params.template):
+            body["chat_template_kwargs"] = variables
         if builtin:  # without built-in tools the first turn is the answer (or ends at the client's tool calls)
             body["max_turns"] = params.max_turns
-        if params.seed is not None:
-            body["seed"] = params.seed
         if params.tool_timeout is not None:
             body["tool_timeout"] = params.tool_timeout
-        if tools:
-            body["tools"] = tools
         return body
 
     async def complete(self, messages: list[dict], tools: list[dict] | None, params: GenerationParams) -> Completion:
@@ -321,10 +344,8 @@ class InProcessChatClient:
         self._templates: dict[str, Any] = {}
 
     def template(self, kind: str):
-        from rstar.server.chat_template import choose_template
-
         if kind not in self._templates:
-            self._templates[kind] = choose_template(self.engine.tokenizer, self.engine.model_name, server_template(kind))
+            self._templates[kind] = benchmark_template(self.engine.tokenizer, self.engine.model_name, kind)
         return self._templates[kind]
 
     async def complete(self, messages: list[dict], tools: list[dict] | None, params: GenerationParams) -> Completion:

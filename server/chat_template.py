@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -45,6 +45,9 @@ REASONING_CLOSE = "</reason>"
 _SENTINEL = "\x00rstar-content\x00"
 
 TemplateKind = Literal["rstar", "model", "file"]
+
+# What render() itself passes; `chat_template_kwargs` may not override them.
+RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "tokenize"})
 
 
 def tojson(value: Any) -> str:
@@ -127,6 +130,15 @@ class ChatTemplate:
     tokenizer: Any = field(default=None, compare=False, repr=False)
     # Whether the template itself renders `tools`, tool calls and tool messages in the Hermes format.
     native_tools: bool = True
+    # Extra variables every render sees (vLLM's `chat_template_kwargs`), e.g. rstar.jinja's `math_instruction`;
+    # (name, value) pairs, sorted, so templates stay comparable.
+    variables: tuple[tuple[str, Any], ...] = ()
+
+    def with_variables(self, variables: Mapping[str, Any]) -> "ChatTemplate":
+        """The same template rendering with these variables too (a template ignores those it does not use)."""
+        if reserved := sorted(set(variables) & RESERVED_VARIABLES):
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+        return replace(self, variables=tuple(sorted({**dict(self.variables), **variables}.items())))
 
     @cached_property
     def _compiled(self) -> jinja2.Template:
@@ -140,9 +152,9 @@ class ChatTemplate:
         if self.kind == "model":
             # The model's own template may use variables only its tokenizer supplies (bos_token, ...).
             return self.tokenizer.apply_chat_template(
-                messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=False
+                messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=False, **dict(self.variables)
             )
-        return self._compiled.render(messages=messages, tools=tools or None, add_generation_prompt=add_generation_prompt)
+        return self._compiled.render(messages=messages, tools=tools or None, add_generation_prompt=add_generation_prompt, **dict(self.variables))
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of rendered text; special-token strings in it map to their ids, nothing is added."""

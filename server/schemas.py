@@ -75,6 +75,9 @@ class AgentOptions(_Request):
     chat_template: Literal["rstar", "model"] | None = Field(
         None, description="Render with the rStar template or the model's own (with the tool protocol); default: the server's choice for its model."
     )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="vLLM's: extra variables for the chat template, e.g. {\"math_instruction\": false} leaves the rStar template's answer instruction out."
+    )
     tool_protocol: Literal["released", "improved"] | None = Field(
         None, description="Tool protocol: 'released' (as rStar2-Agent's code) or 'improved' (docs/api.md compares them); default: the server's choice for its model."
     )

@@ -46,16 +46,24 @@ class Serving:
 
     templates: dict[str, ChatTemplate] = field(default_factory=dict)  # per-request choices, built once each
 
-    def template_for(self, kind: str | None) -> ChatTemplate:
-        """The template a request asked for ("rstar" or "model"), or the server's own choice."""
+    def template_for(self, kind: str | None, variables: Mapping[str, Any] | None = None) -> ChatTemplate:
+        """The template a request asked for ("rstar" or "model"), or the server's own choice, rendering with
+        the request's `chat_template_kwargs`."""
         if kind is None:
-            return self.template
-        if kind not in self.templates:
+            template = self.template
+        elif kind in self.templates:
+            template = self.templates[kind]
+        else:
             try:
-                self.templates[kind] = choose_template(self.engine.tokenizer, min(self.model_names), kind)
+                template = self.templates[kind] = choose_template(self.engine.tokenizer, min(self.model_names), kind)
             except ValueError as exc:  # a model without a template of its own
                 raise APIError(400, str(exc), "chat_template") from exc
-        return self.templates[kind]
+        if not variables:
+            return template
+        try:
+            return template.with_variables(variables)
+        except ValueError as exc:
+            raise APIError(400, str(exc), "chat_template_kwargs") from exc
 
     def check_model(self, name: str) -> None:
         if name not in self.model_names:
@@ -105,6 +113,7 @@ class Limits:
     max_turns: int | None = None
     tool_timeout: float | None = None
     chat_template: str | None = None  # "rstar" | "model"; None: the server's choice
+    chat_template_kwargs: dict[str, Any] | None = None
     tool_protocol: ToolProtocol | None = None  # None: the server's choice
 
 
@@ -129,7 +138,7 @@ def plan_agent(
 ) -> AgentPlan:
     """Validate a request against the server's limits and the context window (APIError 400 when it does not fit)."""
     settings = serving.settings.api
-    template = serving.template_for(limits.chat_template)
+    template = serving.template_for(limits.chat_template, limits.chat_template_kwargs)
     messages = [dict(message) for message in messages]
     offered = [] if tool_choice == "none" else [dict(tool) for tool in client_tools]
     builtin = builtin_tool_schemas([PYTHON_TOOL]) if builtin_tools else []

@@ -65,6 +65,7 @@ class ChatService:
             max_turns=request.max_turns,
             tool_timeout=request.tool_timeout,
             chat_template=request.chat_template,
+            chat_template_kwargs=request.chat_template_kwargs,
             tool_protocol=request.tool_protocol,
         )
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]

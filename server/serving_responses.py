@@ -210,6 +210,7 @@ class ResponsesService:
             max_turns=request.max_turns,
             tool_timeout=request.tool_timeout,
             chat_template=request.chat_template,
+            chat_template_kwargs=request.chat_template_kwargs,
             tool_protocol=request.tool_protocol,
         )
         functions = [

@@ -22,9 +22,9 @@ def make_server(tmp_path, default_tokenizer):
     The sandbox is `http.app.state.serving.sandbox`."""
     opened = []
 
-    def start(replies=(REPLY,), sandbox=None, max_model_len=1024, model_name="scripted", **settings_overrides):
+    def start(replies=(REPLY,), sandbox=None, max_model_len=1024, model_name="scripted", tokenizer=None, **settings_overrides):
         settings = load_settings(data_dir=tmp_path, **settings_overrides)
-        engine = ScriptedEngine(default_tokenizer, list(replies), model_name=model_name, max_model_len=max_model_len)
+        engine = ScriptedEngine(tokenizer or default_tokenizer, list(replies), model_name=model_name, max_model_len=max_model_len)
         sandbox = sandbox or ScriptedSandbox()
 
         async def factory():

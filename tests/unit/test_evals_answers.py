@@ -20,7 +20,7 @@ from rstar.evals.budget import Budget, longest_prompt, measure_with_server, meas
 from rstar.evals.cli import app as eval_app
 from rstar.evals.client import GenerationParams, HttpChatClient, InProcessChatClient, generate
 from rstar.evals.registry import Prompt
-from rstar.server.chat_template import choose_template
+from rstar.server.chat_template import RSTAR_TEMPLATE_PATH, choose_template
 from rstar.server.tool_results import ExecResult
 from tests.scripted_sandbox import ScriptedSandbox
 from tests.unit.api_server import make_server  # noqa: F401 (fixture)
@@ -33,7 +33,7 @@ FINAL_TURN = "The tool says 4, so the answer is 4.</reason>\n<answer>\\boxed{4}<
 
 
 class FourExecutor:
-    async def execute(self, tool, code, stdin, replay):
+    async def execute(self, tool, code, stdin, replay, protocol="improved"):
         return ExecResult(success=True, stdout="4\n", duration_s=0.01)
 
 
@@ -147,6 +147,23 @@ def test_native_never_carries_the_rstar_instruction_on_either_path(make_server, 
     # what `native` used to mean for this model (the server's default choice): the rStar instruction
     default_choice = choose_template(default_tokenizer, RSTAR_MODEL, None).render([{"role": "user", "content": "hi"}])
     assert RSTAR_INSTRUCTION in default_choice
+
+
+def test_native_on_a_model_whose_own_template_is_rstars_has_no_math_instruction(make_server, default_tokenizer):
+    """The embedded default ships rstar.jinja as its own template: native keeps its format (system prompt,
+    answers opened in <reason>) and leaves out the answer instruction, on both paths alike."""
+    own_rstar = copy.deepcopy(default_tokenizer)
+    own_rstar.chat_template = RSTAR_TEMPLATE_PATH.read_text(encoding="utf-8")
+    prompt = native_prompts()["ifeval"]
+    _, http, served, _ = make_server(replies=["Sure."], model_name=RSTAR_MODEL, tokenizer=own_rstar)
+    asyncio.run(generate(over_http(http), prompt, params(NATIVE_TEMPLATE, max_turns=1)))
+    engine = ScriptedEngine(own_rstar, ["Sure."], model_name=RSTAR_MODEL)
+    asyncio.run(generate(InProcessChatClient(engine, FourExecutor()), prompt, params(NATIVE_TEMPLATE, max_turns=1)))
+    sent = [default_tokenizer.decode(prompts[0]) for prompts in (served.prompts, engine.prompts)]
+    assert sent[0] == sent[1]
+    assert RSTAR_INSTRUCTION not in sent[0] and "python_code_with_standard_io" not in sent[0]
+    assert "The reasoning process is enclosed within <reason>" in sent[0] and sent[0].endswith("<|im_start|>assistant\n<reason>")
+    assert "<|im_start|>user\n" + prompt.messages[0]["content"] + "<|im_end|>" in sent[0]
 
 
 def test_native_on_a_model_without_a_template_is_a_clear_error(default_tokenizer):
