@@ -4,6 +4,11 @@
     rstar eval run --resume RUN_ID            # continue an interrupted run (its stored config applies)
     rstar eval run --run-id nightly ...       # the same command again continues run "nightly" where it stopped
     rstar eval list | show RUN | compare RUN_A RUN_B
+    rstar eval suites [--data-dir DIR] [--json]   # what can run here, with each suite's paper defaults
+
+Before a run row is written, `run` checks what would make every sample fail: an unknown suite, a grader whose
+packages are missing, data that cannot be read, an endpoint that does not answer. Each stops it with one line
+naming the fix (exit code 2) and leaves the database as it was.
 
 Without --endpoint the model runs in this process (vLLM engine + sandbox pool), as `rstar serve` would.
 """
@@ -11,8 +16,10 @@ Without --endpoint the model runs in this process (vLLM engine + sandbox pool), 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -23,7 +30,7 @@ from rich.table import Table
 
 from rstar.config import load_settings
 
-app = typer.Typer(no_args_is_help=True, help="Benchmarks: AIME24/25, HMMT25, GPQA-Diamond, IFEval, BFCL v3.")
+app = typer.Typer(no_args_is_help=True, help="Benchmarks: AIME24/25, HMMT25, MATH-500, GPQA-Diamond, IFEval, BFCL v3.")
 console = Console(stderr=True)
 
 
@@ -31,7 +38,7 @@ def _out() -> Console:
     # Made per command, so the width follows the terminal (or COLUMNS) at the time.
     return Console()
 
-PAPER_SUITE = "aime24,aime25,hmmt25,gpqa_diamond,ifeval,bfcl_v3"
+PAPER_SUITE = "aime24,aime25,hmmt25,math500,gpqa_diamond,ifeval,bfcl_v3"
 
 
 class RichProgress:
@@ -84,18 +91,55 @@ def resume_conflicts(config: dict, suite: list[str] | None, overrides: dict[str,
     return conflicts
 
 
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]rstar eval:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
 def _suite(text: str) -> list[str]:
     from rstar.evals import get_benchmark
 
     try:
         return [get_benchmark(name.strip()).name for name in text.split(",") if name.strip()]
     except KeyError as exc:
-        raise typer.BadParameter(exc.args[0], param_hint="--suite") from None
+        raise _fail(f"--suite: {exc.args[0]} (`rstar eval suites` lists them with their aliases)") from None
 
 
-def _fail(message: str) -> typer.Exit:
-    console.print(f"[red]rstar eval:[/red] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(2)
+def load_suite(benchmarks: list[str], data_dir: Path | None) -> dict[str, list]:
+    """Every benchmark's docs, after checking that each can be graded here: what a run needs before its row
+    is written, so a missing grader package or data file stops it with nothing stored."""
+    from rstar.evals import DataUnavailable, get_benchmark
+
+    if problems := [problem for name in benchmarks for problem in get_benchmark(name).grader_problems()]:
+        raise _fail("; ".join(problems))
+    docs = {}
+    for name in benchmarks:
+        try:
+            docs[name] = get_benchmark(name).load(data_dir)
+        except DataUnavailable as exc:
+            raise _fail(str(exc)) from None
+    return docs
+
+
+PROBE_TIMEOUT_S = 30.0
+
+
+async def probe_endpoint(client, endpoint: str) -> list[dict]:
+    """The endpoint's model list, or one line saying why it cannot serve the run (nothing listening, no
+    OpenAI API at that URL, a key it wants)."""
+    import httpx
+
+    try:
+        return await asyncio.wait_for(client.models(), PROBE_TIMEOUT_S)
+    except httpx.HTTPStatusError as exc:
+        status = exc.response.status_code
+        fix = "pass --api-key (or set RSTAR_API_KEY)" if status in (401, 403) else "give --endpoint the server's /v1 URL"
+        raise _fail(f"{endpoint} answered HTTP {status} to GET /models: {fix}") from None
+    except (httpx.HTTPError, asyncio.TimeoutError) as exc:
+        reason = f"no answer within {PROBE_TIMEOUT_S:.0f} s" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
+        raise _fail(f"no server answers at {endpoint} ({reason}): start one (`rstar serve`) or fix --endpoint") from None
+    except (ValueError, KeyError, TypeError):
+        raise _fail(f"{endpoint} answered GET /models, but not with an OpenAI model list: give --endpoint an OpenAI-compatible /v1 URL") from None
 
 
 @app.command("run")
@@ -145,12 +189,14 @@ def run_command(
             raise _fail(f"--run-id is at most 32 characters: {run_id!r}")
         config = {"benchmarks": plan(_suite(suite or PAPER_SUITE), overrides), **run_options, "seed": seed or 0}
         model_name = model
-    asyncio.run(_run(store, settings, resume or run_id, config, model_name, endpoint, concurrency, resuming=bool(resume)))
+    docs = load_suite(list(config["benchmarks"]), Path(config["data_dir"]) if config.get("data_dir") else None)
+    asyncio.run(_run(store, settings, resume or run_id, config, model_name, endpoint, concurrency, resuming=bool(resume), docs=docs))
 
 
-async def _run(store, settings, run_id: str | None, config: dict, model: str | None, endpoint: str | None, concurrency: int, resuming: bool) -> None:
+async def _run(
+    store, settings, run_id: str | None, config: dict, model: str | None, endpoint: str | None, concurrency: int, resuming: bool, docs: dict[str, list]
+) -> None:
     from rstar.evals.client import FatalRequestError, HttpChatClient
-    from rstar.evals.data import DataUnavailable
     from rstar.evals.report import write_run_reports
     from rstar.evals.runner import context_problems, execute
 
@@ -161,11 +207,8 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
         console.print(f"eval run [bold]{run.id}[/bold] ({model_name}); resume with: rstar eval run --resume {run.id}", highlight=False)
         try:
             with _progress() as bars:
-                outcome = await execute(store, run, client, concurrency, RichProgress(bars))
+                outcome = await execute(store, run, client, concurrency, RichProgress(bars), docs)
         except FatalRequestError as exc:
-            raise _fail(str(exc)) from None
-        except DataUnavailable as exc:
-            store.update(run.id, status="failed")
             raise _fail(str(exc)) from None
         finally:
             run_dir = write_run_reports(store, run.id, settings.data_dir / "evals")
@@ -177,7 +220,7 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
     if endpoint:
         client = HttpChatClient(endpoint, settings.api_key or os.environ.get("OPENAI_API_KEY"))
         try:
-            models = await client.models()
+            models = await probe_endpoint(client, endpoint)
             model = model or models[0]["id"]
             window = next((m.get("max_model_len") for m in models if m["id"] == model), None)
             if problems := context_problems(config["benchmarks"], window):
@@ -231,6 +274,70 @@ def _store(database_url: str | None):
 
 
 DatabaseOpt = Annotated[Optional[str], typer.Option(help="[env: RSTAR_DATABASE_URL]")]
+
+
+def suite_entries(data_dir: Path | None) -> list[dict[str, Any]]:
+    """What `rstar eval suites` shows for each registered benchmark: names, where its data is read from and how
+    many docs are there (counted only in a local copy: the default sources are fetched at run time), whether
+    this install can grade it, and its paper defaults."""
+    from rstar.evals import REGISTRY, DataUnavailable
+    from rstar.evals.registry import ALIASES
+
+    entries = []
+    for name, bench in REGISTRY.items():
+        grader = bench.grader_problems()
+        data: dict[str, Any] = {"read_from": str(data_dir) if data_dir else bench.source, "docs": None, "problem": None}
+        if data_dir is None:
+            data["problem"] = "default source, read at run time (not checked here; --data-dir DIR counts a local copy)"
+        elif grader:
+            data["problem"] = "not read: its grader's packages are missing (loading needs them too)"
+        else:
+            try:
+                data["docs"] = len(bench.load(data_dir))
+            except DataUnavailable as exc:
+                data["problem"] = str(exc)
+        entries.append(
+            {
+                "name": name,
+                "aliases": sorted(alias for alias, target in ALIASES.items() if target == name),
+                "data": data,
+                "grader": {"ready": not grader, "problems": grader},
+                "defaults": asdict(bench.sampling),
+                "metric": bench.primary_metric,
+            }
+        )
+    return entries
+
+
+@app.command("suites")
+def suites_command(
+    data_dir: Annotated[Optional[Path], typer.Option(help="Count the docs of a local copy laid out like shared/data/.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON list on stdout, for scripts.")] = False,
+) -> None:
+    """The benchmarks `rstar eval run --suite` takes: data, grader readiness here, and the paper's defaults."""
+    entries = suite_entries(data_dir.resolve() if data_dir else None)
+    if as_json:
+        typer.echo(json.dumps(entries, indent=2))
+        return
+    table = Table(title="rstar eval suites" + (f" (data: {data_dir})" if data_dir else " (data: default sources)"))
+    for column in ("suite", "aliases", "docs", "data", "grader", "temp", "samples", "turns", "max tokens", "template", "metric"):
+        table.add_column(column, overflow="fold", justify="right" if column in ("docs", "temp", "samples", "turns", "max tokens") else "left")
+    for entry in entries:
+        data, grader, defaults = entry["data"], entry["grader"], entry["defaults"]
+        table.add_row(
+            entry["name"],
+            ", ".join(entry["aliases"]) or "-",
+            "-" if data["docs"] is None else str(data["docs"]),
+            data["read_from"] if data["docs"] is not None else f"{data['read_from']}: {data['problem']}",
+            "[green]ready[/green]" if grader["ready"] else f"[red]missing[/red]: {'; '.join(grader['problems'])}",
+            f"{defaults['temperature']:g}",
+            str(defaults["samples"]),
+            str(defaults["max_turns"]),
+            str(defaults["max_tokens"]),
+            defaults["template"],
+            entry["metric"],
+        )
+    _out().print(table)
 
 
 @app.command("list")
