@@ -6,8 +6,9 @@
     rstar eval list | show RUN | compare RUN_A RUN_B
     rstar eval suites [--data-dir DIR] [--json]   # what can run here, with each suite's paper defaults
 
-Before a run row is written, `run` checks what would make every sample fail: an unknown suite, a grader whose
-packages are missing, data that cannot be read, an endpoint that does not answer. Each stops it with one line
+Before a run row is written, `run` checks what would make every sample fail, cheapest first: an unknown suite, a
+grader whose packages are missing, an endpoint that does not answer, data that cannot be read (in process: before
+the engine starts). Each stops it with one line
 naming the fix (exit code 2) and leaves the database as it was.
 
 Without --endpoint the model runs in this process (vLLM engine + sandbox pool), as `rstar serve` would.
@@ -105,15 +106,21 @@ def _suite(text: str) -> list[str]:
         raise _fail(f"--suite: {exc.args[0]} (`rstar eval suites` lists them with their aliases)") from None
 
 
-def load_suite(benchmarks: list[str], data_dir: Path | None) -> dict[str, list]:
-    """Every benchmark's docs, after checking that each can be graded here: what a run needs before its row
-    is written, so a missing grader package or data file stops it with nothing stored."""
-    from rstar.evals import DataUnavailable, get_benchmark
+def check_graders(benchmarks: list[str]) -> None:
+    """Stop before anything is stored when a grader's packages are missing (every sample would fail)."""
+    from rstar.evals import get_benchmark
 
     if problems := [problem for name in benchmarks for problem in get_benchmark(name).grader_problems()]:
         raise _fail("; ".join(problems))
+
+
+def load_docs(config: dict) -> dict[str, list]:
+    """Every benchmark's docs from the run's data dir, before its row is written (the runner gets them loaded)."""
+    from rstar.evals import DataUnavailable, get_benchmark
+
+    data_dir = Path(config["data_dir"]) if config.get("data_dir") else None
     docs = {}
-    for name in benchmarks:
+    for name in config["benchmarks"]:
         try:
             docs[name] = get_benchmark(name).load(data_dir)
         except DataUnavailable as exc:
@@ -189,18 +196,16 @@ def run_command(
             raise _fail(f"--run-id is at most 32 characters: {run_id!r}")
         config = {"benchmarks": plan(_suite(suite or PAPER_SUITE), overrides), **run_options, "seed": seed or 0}
         model_name = model
-    docs = load_suite(list(config["benchmarks"]), Path(config["data_dir"]) if config.get("data_dir") else None)
-    asyncio.run(_run(store, settings, resume or run_id, config, model_name, endpoint, concurrency, resuming=bool(resume), docs=docs))
+    check_graders(list(config["benchmarks"]))
+    asyncio.run(_run(store, settings, resume or run_id, config, model_name, endpoint, concurrency, resuming=bool(resume)))
 
 
-async def _run(
-    store, settings, run_id: str | None, config: dict, model: str | None, endpoint: str | None, concurrency: int, resuming: bool, docs: dict[str, list]
-) -> None:
+async def _run(store, settings, run_id: str | None, config: dict, model: str | None, endpoint: str | None, concurrency: int, resuming: bool) -> None:
     from rstar.evals.client import FatalRequestError, HttpChatClient
     from rstar.evals.report import write_run_reports
     from rstar.evals.runner import context_problems, execute
 
-    async def go(client, model_name: str):
+    async def go(client, model_name: str, docs: dict[str, list]):
         run = store.get(run_id) if resuming else store.create(run_id, model_name, endpoint or "", list(config["benchmarks"]), config)
         if resuming:
             store.update(run.id, status="running")
@@ -228,7 +233,7 @@ async def _run(
                     f"the server's context window is {window} tokens, too small for {', '.join(problems)}: "
                     f"pass --max-tokens below {window} (minus the prompt), or serve with a larger --max-model-len"
                 )
-            await go(client, model)
+            await go(client, model, load_docs(config))  # the endpoint first: it answers in seconds, a hub may not
         finally:
             await client.close()
         return
@@ -239,13 +244,14 @@ async def _run(
     from rstar.server.engine import VllmEngine
     from rstar.server.model_store import resolve_model
 
+    docs = load_docs(config)  # before the engine's minute of start-up
     resolved = resolve_model(settings.model, settings.models_dir)
     name = model or resolved.name
     console.print(f"starting the engine on {resolved.path} (about a minute on CPU)", highlight=False)
     engine = await VllmEngine.start(resolved.path, settings.engine, served_model_name=name)
     try:
         async with connect(settings.sandbox) as sandbox:
-            await go(InProcessChatClient(engine, SandboxExecutor(sandbox)), name)
+            await go(InProcessChatClient(engine, SandboxExecutor(sandbox)), name, docs)
     finally:
         await engine.shutdown()
 
