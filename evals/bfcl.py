@@ -33,7 +33,7 @@ from typing import Any
 
 from rstar.evals.data import DataUnavailable, read_jsonl
 from rstar.evals.metrics import mean_stderr, scores_by_doc
-from rstar.evals.registry import NATIVE_TEMPLATE, Benchmark, Doc, Grade, Prompt, Sampling, register
+from rstar.evals.registry import NATIVE_TEMPLATE, Benchmark, Doc, Grade, Prompt, Sampling, missing_packages, register
 
 PACKAGE = "bfcl-eval"
 FOLDER = "bfcl_v3"
@@ -79,6 +79,15 @@ def _resolve_dir(data_dir: Path | None) -> Path:
         if (candidate / "BFCL_v3_simple.json").is_file():
             return candidate
     raise DataUnavailable(f"bfcl_v3: no BFCL_v3_simple.json in {data_dir} or {Path(data_dir) / FOLDER}")
+
+
+def grader_problems() -> list[str]:
+    """bfcl-eval itself (install.sh puts it in with --no-deps), then what its checker modules import."""
+    return missing_packages(
+        "bfcl_v3", {"bfcl_eval": PACKAGE}, f"run `bash install.sh`, or `pip install --no-deps {PACKAGE}==2025.8.6.2` (its own pins break vLLM's)"
+    ) + missing_packages(
+        "bfcl_v3", {"tree_sitter": "tree-sitter", "tree_sitter_java": "tree-sitter-java", "tree_sitter_javascript": "tree-sitter-javascript", "tenacity": "tenacity"}
+    )
 
 
 def data_version(data_dir: Path | None) -> str:
@@ -340,5 +349,6 @@ register(
         sampling=Sampling(temperature=0.0, samples=1, max_turns=20, max_tokens=8192, template=NATIVE_TEMPLATE),
         primary_metric="overall",
         environment=lambda doc: MultiTurnEnv(doc) if doc["category"] in MULTI_TURN else None,
+        grader_problems=grader_problems,
     )
 )

@@ -4,6 +4,12 @@
     rstar eval run --resume RUN_ID            # continue an interrupted run (its stored config applies)
     rstar eval run --run-id nightly ...       # the same command again continues run "nightly" where it stopped
     rstar eval list | show RUN | compare RUN_A RUN_B
+    rstar eval suites [--data-dir DIR] [--json]   # what can run here, with each suite's paper defaults
+
+Before a run row is written, `run` checks what would make every sample fail, cheapest first: an unknown suite, a
+grader whose packages are missing, an endpoint that does not answer, data that cannot be read (in process: before
+the engine starts). Each stops it with one line
+naming the fix (exit code 2) and leaves the database as it was.
 
 Without --endpoint the model runs in this process (vLLM engine + sandbox pool), as `rstar serve` would.
 """
@@ -11,8 +17,10 @@ Without --endpoint the model runs in this process (vLLM engine + sandbox pool), 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -24,7 +32,7 @@ from rich.table import Table
 from rstar.config import load_settings
 from rstar.evals.registry import RSTAR_TEMPLATE
 
-app = typer.Typer(no_args_is_help=True, help="Benchmarks: AIME24/25, HMMT25, GPQA-Diamond, IFEval, BFCL v3.")
+app = typer.Typer(no_args_is_help=True, help="Benchmarks: AIME24/25, HMMT25, MATH-500, GPQA-Diamond, IFEval, BFCL v3.")
 console = Console(stderr=True)
 
 
@@ -32,7 +40,7 @@ def _out() -> Console:
     # Made per command, so the width follows the terminal (or COLUMNS) at the time.
     return Console()
 
-PAPER_SUITE = "aime24,aime25,hmmt25,gpqa_diamond,ifeval,bfcl_v3"
+PAPER_SUITE = "aime24,aime25,hmmt25,math500,gpqa_diamond,ifeval,bfcl_v3"
 
 
 class RichProgress:
@@ -85,18 +93,61 @@ def resume_conflicts(config: dict, suite: list[str] | None, overrides: dict[str,
     return conflicts
 
 
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]rstar eval:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
 def _suite(text: str) -> list[str]:
     from rstar.evals import get_benchmark
 
     try:
         return [get_benchmark(name.strip()).name for name in text.split(",") if name.strip()]
     except KeyError as exc:
-        raise typer.BadParameter(exc.args[0], param_hint="--suite") from None
+        raise _fail(f"--suite: {exc.args[0]} (`rstar eval suites` lists them with their aliases)") from None
 
 
-def _fail(message: str) -> typer.Exit:
-    console.print(f"[red]rstar eval:[/red] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(2)
+def check_graders(benchmarks: list[str]) -> None:
+    """Stop before anything is stored when a grader's packages are missing (every sample would fail)."""
+    from rstar.evals import get_benchmark
+
+    if problems := [problem for name in benchmarks for problem in get_benchmark(name).grader_problems()]:
+        raise _fail("; ".join(problems))
+
+
+def load_docs(config: dict) -> dict[str, list]:
+    """Every benchmark's docs from the run's data dir, before its row is written (the runner gets them loaded)."""
+    from rstar.evals import DataUnavailable, get_benchmark
+
+    data_dir = Path(config["data_dir"]) if config.get("data_dir") else None
+    docs = {}
+    for name in config["benchmarks"]:
+        try:
+            docs[name] = get_benchmark(name).load(data_dir)
+        except DataUnavailable as exc:
+            raise _fail(str(exc)) from None
+    return docs
+
+
+PROBE_TIMEOUT_S = 30.0
+
+
+async def probe_endpoint(client, endpoint: str) -> list[dict]:
+    """The endpoint's model list, or one line saying why it cannot serve the run (nothing listening, no
+    OpenAI API at that URL, a key it wants)."""
+    import httpx
+
+    try:
+        return await asyncio.wait_for(client.models(), PROBE_TIMEOUT_S)
+    except httpx.HTTPStatusError as exc:
+        status = exc.response.status_code
+        fix = "pass --api-key (or set RSTAR_API_KEY)" if status in (401, 403) else "give --endpoint the server's /v1 URL"
+        raise _fail(f"{endpoint} answered HTTP {status} to GET /models: {fix}") from None
+    except (httpx.HTTPError, asyncio.TimeoutError) as exc:
+        reason = f"no answer within {PROBE_TIMEOUT_S:.0f} s" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
+        raise _fail(f"no server answers at {endpoint} ({reason}): start one (`rstar serve`) or fix --endpoint") from None
+    except (ValueError, KeyError, TypeError):
+        raise _fail(f"{endpoint} answered GET /models, but not with an OpenAI model list: give --endpoint an OpenAI-compatible /v1 URL") from None
 
 
 @app.command("run")
@@ -160,37 +211,29 @@ def run_command(
             raise _fail(f"--run-id is at most 32 characters: {run_id!r}")
         config = {"benchmarks": plan(_suite(suite or PAPER_SUITE), overrides), **run_options, "seed": seed or 0, "answer_extraction": answer_extraction or PAPER_EXTRACTION}
         model_name = model
+    check_graders(list(config["benchmarks"]))
     asyncio.run(_run(store, settings, resume or run_id, config, model_name, endpoint, concurrency, resuming=bool(resume)))
 
 
 async def _run(store, settings, run_id: str | None, config: dict, model: str | None, endpoint: str | None, concurrency: int, resuming: bool) -> None:
     from rstar.evals.client import FatalRequestError, HttpChatClient
-    from rstar.evals.data import DataUnavailable
     from rstar.evals.report import write_run_reports
     from rstar.evals.budget import longest_prompt, measure_with_server, measure_with_tokenizer, model_window_limit, refusal
     from rstar.evals.registry import get_benchmark
     from rstar.evals.runner import execute, select_docs
 
-    # Docs load before the run is created: missing data or a budget that cannot fit leaves nothing stored.
-    data_dir = Path(config["data_dir"]) if config.get("data_dir") else None
-    try:
-        docs = {name: get_benchmark(name).load(data_dir) for name in config["benchmarks"]}
-    except DataUnavailable as exc:
-        raise _fail(str(exc)) from None
-    prompts = {name: longest_prompt(select_docs(docs[name], config.get("limit")), get_benchmark(name).build_prompt) for name in docs}
+    def longest_prompts(docs: dict[str, list]) -> dict:
+        return {name: longest_prompt(select_docs(docs[name], config.get("limit")), get_benchmark(name).build_prompt) for name in docs}
 
-    async def go(client, model_name: str):
+    async def go(client, model_name: str, docs: dict[str, list]):
         run = store.get(run_id) if resuming else store.create(run_id, model_name, endpoint or "", list(config["benchmarks"]), config)
         if resuming:
             store.update(run.id, status="running")
         console.print(f"eval run [bold]{run.id}[/bold] ({model_name}); resume with: rstar eval run --resume {run.id}", highlight=False)
         try:
             with _progress() as bars:
-                outcome = await execute(store, run, client, concurrency, RichProgress(bars), docs=docs)
+                outcome = await execute(store, run, client, concurrency, RichProgress(bars), docs)
         except FatalRequestError as exc:
-            raise _fail(str(exc)) from None
-        except DataUnavailable as exc:
-            store.update(run.id, status="failed")
             raise _fail(str(exc)) from None
         finally:
             run_dir = write_run_reports(store, run.id, settings.data_dir / "evals")
@@ -202,13 +245,14 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
     if endpoint:
         client = HttpChatClient(endpoint, settings.api_key or os.environ.get("OPENAI_API_KEY"))
         try:
-            models = await client.models()
+            models = await probe_endpoint(client, endpoint)
             model = model or models[0]["id"]
             if not client.rstar_server and (needs_tool := [name for name, b in config["benchmarks"].items() if b["template"] == RSTAR_TEMPLATE]):
                 raise _fail(
                     f"{', '.join(needs_tool)} run with the rStar template and its built-in Python tool, which only an rstar server executes; "
                     f"{endpoint} is not one (its /v1/models does not say owned_by: rstar). Serve the model with `rstar serve`, or run only native suites"
                 )
+            docs = load_docs(config)  # after the endpoint: it answers in seconds, a hub may not
             window = next((m.get("max_model_len") for m in models if m["id"] == model), None)
             if window is None:
                 console.print(
@@ -217,10 +261,10 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
                     highlight=False,
                 )
             else:
-                budgets = await measure_with_server(client, config["benchmarks"], prompts, model)
+                budgets = await measure_with_server(client, config["benchmarks"], longest_prompts(docs), model)
                 if problem := refusal(budgets, window, "the server's context window", "serve with a larger window (rstar serve --max-model-len N)"):
                     raise _fail(problem)
-            await go(client, model)
+            await go(client, model, docs)
         finally:
             await client.close()
         return
@@ -233,10 +277,11 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
 
     from transformers import AutoTokenizer
 
+    docs = load_docs(config)  # before the engine's minute of start-up
     resolved = resolve_model(settings.model, settings.models_dir)
     name = model or resolved.name
     try:
-        budgets = measure_with_tokenizer(AutoTokenizer.from_pretrained(resolved.path), name, config["benchmarks"], prompts)
+        budgets = measure_with_tokenizer(AutoTokenizer.from_pretrained(resolved.path), name, config["benchmarks"], longest_prompts(docs))
     except ValueError as exc:  # the native template on a model without a template of its own
         raise _fail(f"{exc}; IFEval and BFCL are scored with the model's own template, so run them on a model that has one") from None
     supported = model_window_limit(resolved.path) or settings.engine.max_model_len
@@ -248,7 +293,7 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
     engine = await VllmEngine.start(resolved.path, settings.engine.model_copy(update={"max_model_len": window}), served_model_name=name)
     try:
         async with connect(settings.sandbox) as sandbox:
-            await go(InProcessChatClient(engine, SandboxExecutor(sandbox)), name)
+            await go(InProcessChatClient(engine, SandboxExecutor(sandbox)), name, docs)
     finally:
         await engine.shutdown()
 
@@ -277,6 +322,70 @@ def _store(database_url: str | None):
 
 
 DatabaseOpt = Annotated[Optional[str], typer.Option(help="[env: RSTAR_DATABASE_URL]")]
+
+
+def suite_entries(data_dir: Path | None) -> list[dict[str, Any]]:
+    """What `rstar eval suites` shows for each registered benchmark: names, where its data is read from and how
+    many docs are there (counted only in a local copy: the default sources are fetched at run time), whether
+    this install can grade it, and its paper defaults."""
+    from rstar.evals import REGISTRY, DataUnavailable
+    from rstar.evals.registry import ALIASES
+
+    entries = []
+    for name, bench in REGISTRY.items():
+        grader = bench.grader_problems()
+        data: dict[str, Any] = {"read_from": str(data_dir) if data_dir else bench.source, "docs": None, "problem": None}
+        if data_dir is None:
+            data["problem"] = "default source, read at run time (not checked here; --data-dir DIR counts a local copy)"
+        elif grader:
+            data["problem"] = "not read: its grader's packages are missing (loading needs them too)"
+        else:
+            try:
+                data["docs"] = len(bench.load(data_dir))
+            except DataUnavailable as exc:
+                data["problem"] = str(exc)
+        entries.append(
+            {
+                "name": name,
+                "aliases": sorted(alias for alias, target in ALIASES.items() if target == name),
+                "data": data,
+                "grader": {"ready": not grader, "problems": grader},
+                "defaults": asdict(bench.sampling),
+                "metric": bench.primary_metric,
+            }
+        )
+    return entries
+
+
+@app.command("suites")
+def suites_command(
+    data_dir: Annotated[Optional[Path], typer.Option(help="Count the docs of a local copy laid out like shared/data/.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON list on stdout, for scripts.")] = False,
+) -> None:
+    """The benchmarks `rstar eval run --suite` takes: data, grader readiness here, and the paper's defaults."""
+    entries = suite_entries(data_dir.resolve() if data_dir else None)
+    if as_json:
+        typer.echo(json.dumps(entries, indent=2))
+        return
+    table = Table(title="rstar eval suites" + (f" (data: {data_dir})" if data_dir else " (data: default sources)"))
+    for column in ("suite", "aliases", "docs", "data", "grader", "temp", "samples", "turns", "max tokens", "template", "metric"):
+        table.add_column(column, overflow="fold", justify="right" if column in ("docs", "temp", "samples", "turns", "max tokens") else "left")
+    for entry in entries:
+        data, grader, defaults = entry["data"], entry["grader"], entry["defaults"]
+        table.add_row(
+            entry["name"],
+            ", ".join(entry["aliases"]) or "-",
+            "-" if data["docs"] is None else str(data["docs"]),
+            data["read_from"] if data["docs"] is not None else f"{data['read_from']}: {data['problem']}",
+            "[green]ready[/green]" if grader["ready"] else f"[red]missing[/red]: {'; '.join(grader['problems'])}",
+            f"{defaults['temperature']:g}",
+            str(defaults["samples"]),
+            str(defaults["max_turns"]),
+            str(defaults["max_tokens"]),
+            defaults["template"],
+            entry["metric"],
+        )
+    _out().print(table)
 
 
 @app.command("list")

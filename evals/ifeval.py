@@ -17,7 +17,7 @@ from statistics import fmean
 
 from rstar.evals.data import hf_rows, local_file, read_jsonl
 from rstar.evals.metrics import mean_stderr
-from rstar.evals.registry import NATIVE_TEMPLATE, Benchmark, Doc, Grade, Prompt, Sampling, register
+from rstar.evals.registry import NATIVE_TEMPLATE, Benchmark, Doc, Grade, Prompt, Sampling, missing_packages, register
 
 HF_ID = "google/IFEval"
 LANGDETECT_SEED = 0
@@ -45,19 +45,38 @@ def build_prompt(doc: Doc, sample_index: int) -> Prompt:
     return Prompt(messages=[{"role": "user", "content": doc["prompt"]}])
 
 
-@cache
-def _lm_eval_ifeval():
-    import langdetect
+# The checkers' imports: lm-eval's ifeval extra.
+CHECKER_PACKAGES = {"lm_eval": "lm-eval", "langdetect": "langdetect", "nltk": "nltk", "immutabledict": "immutabledict"}
+PUNKT_MISSING = (
+    "NLTK's punkt_tab tokenizer is not installed; IFEval's sentence and word checks need it. "
+    "Run `bash install.sh` (it unpacks punkt_tab into the venv) or set NLTK_DATA to a folder holding "
+    "tokenizers/punkt_tab/english/."
+)
+
+
+def _punkt_installed() -> bool:
     import nltk
 
     try:
         nltk.data.find("tokenizers/punkt_tab/english/")
     except LookupError:
-        raise CheckersUnavailable(
-            "NLTK's punkt_tab tokenizer is not installed; IFEval's sentence and word checks need it. "
-            "Run `bash install.sh` (it unpacks punkt_tab into the venv) or set NLTK_DATA to a folder holding "
-            "tokenizers/punkt_tab/english/."
-        ) from None
+        return False
+    return True
+
+
+def grader_problems() -> list[str]:
+    problems = missing_packages("ifeval", CHECKER_PACKAGES)
+    if not problems and not _punkt_installed():
+        problems.append(f"ifeval grading: {PUNKT_MISSING}")
+    return problems
+
+
+@cache
+def _lm_eval_ifeval():
+    import langdetect
+
+    if not _punkt_installed():
+        raise CheckersUnavailable(PUNKT_MISSING)
     langdetect.DetectorFactory.seed = LANGDETECT_SEED
     from lm_eval.tasks.ifeval import instructions, utils
 
@@ -115,5 +134,6 @@ register(
         # Paper §5.1: the benchmark's own prompt at temperature 0. The token cap is lm-eval's max_gen_toks.
         sampling=Sampling(temperature=0.0, samples=1, max_turns=1, max_tokens=1280, template=NATIVE_TEMPLATE),
         primary_metric="prompt_level_strict_acc",
+        grader_problems=grader_problems,
     )
 )

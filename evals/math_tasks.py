@@ -1,4 +1,4 @@
-"""AIME 2024, AIME 2025 and HMMT February 2025: answer-checked competition math.
+"""AIME 2024, AIME 2025, HMMT February 2025 and MATH-500: answer-checked competition math.
 
 The prompt is the bare problem: the rStar template adds the answer instruction (<answer> tags, \\boxed{}).
 Grading reads the answer from the sample's trajectory (`rstar.evals.answers`: the paper's extraction by
@@ -9,14 +9,17 @@ check, `rstar.sandbox.verify.answers_match`, the same one RL rewards use: math-v
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from rstar.evals.answers import PAPER_EXTRACTION, AnswerView, released_score
 from rstar.evals.data import hf_rows, local_file, read_jsonl
 from rstar.evals.metrics import sampled_accuracy
-from rstar.evals.registry import RSTAR_TEMPLATE, Benchmark, Doc, Grade, Prompt, Sampling, register
+from rstar.evals.registry import RSTAR_TEMPLATE, Benchmark, Doc, Grade, Prompt, Sampling, missing_packages, register
 
-# Paper §5.1: rStar template, temperature 0.6, 16 samples, up to 30 turns, 30K-token responses.
+# Paper §5.1: rStar template, temperature 0.6, 16 samples, up to 30 turns, 30K-token responses. MATH-500 takes
+# the same: the paper gives no separate setting for it (the released examples/math500_eval.sh leaves verl's
+# validation defaults: one greedy sample, 5 turns; `--samples 1 --temperature 0 --max-turns 5` repeats that).
 PAPER_SAMPLING = Sampling(temperature=0.6, samples=16, max_turns=30, max_tokens=30720, template=RSTAR_TEMPLATE)
 
 
@@ -57,6 +60,13 @@ def load_hmmt_feb_2025(data_dir: Path | None) -> list[Doc]:
     ]
 
 
+def load_math500(data_dir: Path | None) -> list[Doc]:
+    # rStar2-Agent's data_preprocess loads the Hugging Face copy and grades against its `answer` field (LaTeX,
+    # e.g. `\left( 3, \frac{\pi}{2} \right)`); unique_id is the problem's path in the MATH release.
+    rows = hf_rows("math500", "HuggingFaceH4/MATH-500", "test") if data_dir is None else read_jsonl(local_file(data_dir, "math500", "test.jsonl"))
+    return [_doc(row["unique_id"], row["problem"], row["answer"]) for row in rows]
+
+
 def build_prompt(doc: Doc, sample_index: int) -> Prompt:
     return Prompt(messages=[{"role": "user", "content": doc["problem"]}])
 
@@ -85,6 +95,7 @@ for _name, _source, _load in (
     ("aime24", "HuggingFaceH4/aime_2024", load_aime24),
     ("aime25", "opencompass/AIME2025", load_aime25),
     ("hmmt_feb_2025", "MathArena/hmmt_feb_2025", load_hmmt_feb_2025),
+    ("math500", "HuggingFaceH4/MATH-500", load_math500),
 ):
     register(
         Benchmark(
@@ -97,5 +108,6 @@ for _name, _source, _load in (
             aggregate=sampled_accuracy,
             sampling=PAPER_SAMPLING,
             primary_metric="avg_pass_at_1",
+            grader_problems=partial(missing_packages, _name, {"math_verify": "math-verify", "sympy": "sympy"}),
         )
     )

@@ -6,6 +6,7 @@ A benchmark is four pure functions plus its default sampling:
     prompt = bench.build_prompt(doc, sample_index)     # messages (+ tools) for one sample of one doc
     grade  = bench.grade(doc, response, sample_index)  # Grade(score in [0, 1], details)
     scores = bench.aggregate(grades)                   # the benchmark's reported metrics
+    missing = bench.grader_problems()                  # what this machine lacks to grade it ([] = ready)
 
 `response` is the final assistant text for text benchmarks, and the model's tool calls for BFCL
 (see `rstar.evals.bfcl`). The runner owns generation; nothing here talks to a model.
@@ -13,6 +14,7 @@ A benchmark is four pure functions plus its default sampling:
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -74,6 +76,21 @@ class Benchmark:
     # For benchmarks whose answer extraction is a run setting (math): grade the whole answer view
     # (`rstar.evals.answers.AnswerView`) under the run's extraction name instead of `grade`.
     grade_view: Callable[[Doc, Any, int, str], Grade] | None = None
+    # What grading needs that this install lacks, one line each naming the fix; checked before a run starts,
+    # so a missing package stops it at once instead of failing every sample.
+    grader_problems: Callable[[], list[str]] = lambda: []
+
+
+# How to get back what install.sh and the core dependencies install.
+REINSTALL = "run `bash install.sh` (or `pip install -e .` in the environment rstar runs from)"
+
+
+def missing_packages(benchmark: str, modules: dict[str, str], fix: str = REINSTALL) -> list[str]:
+    """A problem line for the packages (import name -> distribution name) that cannot be imported here.
+
+    Looks modules up without importing them, so `rstar eval suites` stays fast."""
+    missing = [dist for module, dist in modules.items() if importlib.util.find_spec(module) is None]
+    return [f"{benchmark} grading needs {', '.join(missing)}, not installed: {fix}"] if missing else []
 
 
 REGISTRY: dict[str, Benchmark] = {}
@@ -87,7 +104,7 @@ def register(benchmark: Benchmark) -> Benchmark:
 
 
 # Short names (the issue's and the paper's tables') for registry entries.
-ALIASES = {"hmmt25": "hmmt_feb_2025"}
+ALIASES = {"hmmt25": "hmmt_feb_2025", "math-500": "math500", "math_500": "math500"}
 
 
 def get_benchmark(name: str) -> Benchmark:

@@ -62,23 +62,36 @@ def write(run_dir: Path, run: dict[str, Any], summary: dict[str, dict[str, Any]]
     return [run_dir / name for name in FILES]
 
 
-def _plots(run_dir: Path, summary: dict[str, dict[str, Any]], stats: list[SampleStats]) -> None:
+def scores_figure(summary: dict[str, dict[str, Any]]):
+    """The scores chart: one bar per benchmark, named with the metric it reports, ±1 s.e. error bars.
+
+    Benchmarks report different metrics (avg@k, prompt-level strict accuracy, BFCL overall), so each bar's tick
+    names both; the UI shows the same figure. A benchmark without a score yet draws an empty bar at 0."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers and CI
     import matplotlib.pyplot as plt
 
     names = list(summary)
-    fig, ax = plt.subplots(figsize=(max(4, 1.3 * len(names)), 3.5))
+    fig, ax = plt.subplots(figsize=(max(4, 1.5 * len(names)), 3.8))
     scores = [100 * summary[n].get("score", 0.0) for n in names]
     errors = [100 * (summary[n].get("stderr") or 0.0) for n in names]
-    bars = ax.bar(names, scores, yerr=errors, capsize=4, color="steelblue")
-    ax.bar_label(bars, labels=[f"{score:.1f}" for score in scores], padding=2)
-    ax.set_ylabel("score (%)")
+    ticks = [f"{n}\n{summary[n].get('primary_metric', 'score')}" for n in names]
+    bars = ax.bar(ticks, scores, yerr=errors, capsize=4, color="steelblue", ecolor="black")
+    ax.bar_label(bars, labels=[f"{score:.1f}" if "score" in summary[n] else "-" for n, score in zip(names, scores)], padding=2)
+    ax.set_ylabel("score (%): primary metric ± 1 s.e.")
     ax.set_ylim(0, 100)
-    ax.set_title("Primary metric per benchmark (± 1 s.e.)")
-    ax.tick_params(axis="x", labelrotation=20)
+    ax.set_title("Primary metric per benchmark")
+    ax.tick_params(axis="x", labelsize="small")
     fig.tight_layout()
+    return fig
+
+
+def _plots(run_dir: Path, summary: dict[str, dict[str, Any]], stats: list[SampleStats]) -> None:
+    import matplotlib.pyplot as plt
+
+    names = list(summary)
+    fig = scores_figure(summary)
     fig.savefig(run_dir / "scores.png", dpi=100)
     plt.close(fig)
 

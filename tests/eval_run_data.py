@@ -7,9 +7,9 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from PIL import Image, ImageDraw
 from sqlalchemy.orm import sessionmaker
 
+from rstar.evals.report import scores_figure
 from rstar.server.db import EvalRun, EvalSample
 
 TOOL_CALL = '<tool_call>{"name": "python_code_with_standard_io", "arguments": {"code": "print(sum(d for d in range(1, 361) if 360 % d == 0))", "input": ""}}</tool_call>'
@@ -47,16 +47,8 @@ TRAJECTORY = {
     "model": "SmolLM2-135M-Instruct",
 }
 
-SUMMARY = {"aime24": {"avg_pass_at_1": 0.5, "pass_at_k": 1.0, "docs": 2, "samples_per_doc": 1}}
-
-
-def write_png(path: Path, label: str) -> None:
-    image = Image.new("RGB", (320, 200), "white")
-    draw = ImageDraw.Draw(image)
-    draw.rectangle([40, 60, 120, 180], fill="steelblue")
-    draw.rectangle([180, 120, 260, 180], fill="darkorange")
-    draw.text((10, 10), label, fill="black")
-    image.save(path)
+# The runner's summary shape (`rstar.evals.runner.summarize`) for one benchmark.
+SUMMARY = {"aime24": {"primary_metric": "avg_pass_at_1", "score": 0.5, "stderr": 0.5, "samples": 2, "expected_samples": 2, "docs": 2}}
 
 
 def insert_eval_run(sessions: sessionmaker, run_dir: Path) -> tuple[str, list[int]]:
@@ -65,7 +57,7 @@ def insert_eval_run(sessions: sessionmaker, run_dir: Path) -> tuple[str, list[in
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "report.json").write_text(json.dumps({"summary": SUMMARY}))
     (run_dir / "report.md").write_text("# Eval report\n\n| benchmark | avg pass@1 |\n|---|---|\n| aime24 | 0.5000 |\n")
-    write_png(run_dir / "scores.png", "scores")
+    scores_figure(SUMMARY).savefig(run_dir / "scores.png", dpi=100)  # the runner's chart (400 x 380 px)
     with sessions() as session:
         run = EvalRun(
             status="finished",

@@ -10,7 +10,7 @@ from PIL import Image
 
 from rstar.ui.chat import LATEX_DELIMITERS, notice
 from rstar.ui.client import ApiClient, ApiError
-from rstar.ui.render import sample_messages, scores_table
+from rstar.ui.render import sample_messages, scores_caption, scores_table
 
 # The plots the eval runner writes into a run's directory, shown side by side when present.
 PLOTS = {"scores.png": "Scores", "lengths.png": "Response lengths", "tool_calls.png": "Tool calls"}
@@ -86,7 +86,8 @@ def build_evals_tab(client: ApiClient, demo: gr.Blocks) -> None:
         headers, rows = scores_table(run.get("summary") or {})
         table = {"headers": headers, "data": rows} if rows else None
         benchmarks = sorted(run.get("samples") or {})
-        shown = [gr.update(value=images.get(name), visible=name in images) for name in PLOTS]
+        labels = {**PLOTS, "scores.png": scores_caption(run.get("summary") or {})}
+        shown = [gr.update(value=images.get(name), visible=name in images, label=labels[name]) for name in PLOTS]
         # The previous run's open sample goes: the drill-down always belongs to the run shown above it.
         return run_header(run), table, *shown, report_text, gr.update(choices=["(all)", *benchmarks], value="(all)"), sample_rows(listed["data"]), [], ""
 

@@ -247,3 +247,10 @@ def scores_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         metrics = metrics if isinstance(metrics, dict) else {"score": metrics}
         rows.append([benchmark, *(_format_number(metrics[name]) if name in metrics else "" for name in columns)])
     return ["benchmark", *columns], rows
+
+
+def scores_caption(summary: dict[str, Any]) -> str:
+    """The score chart's label: what each bar measures, in text (the chart is the runner's scores.png, whose
+    ticks say the same; a label is also what a screen reader and a browser test can read)."""
+    named = [f"{name} ({entry['primary_metric']})" for name, entry in summary.items() if isinstance(entry, dict) and "primary_metric" in entry]
+    return "Scores, % ± 1 s.e." + (f": {', '.join(named)}" if named else "")

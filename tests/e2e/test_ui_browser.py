@@ -190,7 +190,8 @@ def test_an_eval_run_drills_down_to_a_sample_trajectory(page, live_server, tmp_p
     page.locator("#eval-runs [role=option]").first.click()
     page.wait_for_function(f"document.querySelector('#run-header').innerText.includes({run_id!r})", timeout=30_000)
     assert "0.5000" in page.locator("#scores").inner_text()
-    page.wait_for_function("document.querySelector('#plot-scores img')?.naturalWidth === 320", timeout=30_000)
+    page.wait_for_function("document.querySelector('#plot-scores img')?.naturalWidth === 400", timeout=30_000)  # the runner's chart
+    assert "Scores, % ± 1 s.e.: aime24 (avg_pass_at_1)" in page.locator("#plot-scores").inner_text()
     page.locator("#samples").get_by_text("2024-I-1", exact=True).filter(visible=True).first.click()
     page.wait_for_function("document.querySelector('#sample-trajectory').innerText.includes('Grade: ✓ correct')", timeout=30_000)
     shown = page.locator("#sample-trajectory").inner_text()

@@ -1,4 +1,4 @@
-"""AIME24, AIME25 and HMMT Feb 2025: loaders over the offline copies and the grader (the sandbox's check)."""
+"""AIME24, AIME25, HMMT Feb 2025 and MATH-500: loaders over the offline copies and the grader (the sandbox's check)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from evals_data import shared_data_dir
 
 from rstar.evals import get_benchmark
 
-AIME24, AIME25, HMMT = (get_benchmark(n) for n in ("aime24", "aime25", "hmmt_feb_2025"))
+AIME24, AIME25, HMMT, MATH500 = (get_benchmark(n) for n in ("aime24", "aime25", "hmmt_feb_2025", "math500"))
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +86,39 @@ def test_avg_at_k_averages_each_problem_first():
     scores = AIME24.aggregate(grades)
     assert scores["avg_pass_at_1"] == pytest.approx((1.0 + 0.5) / 2)
     assert scores["pass_at_k"] == 1.0 and scores["docs"] == 2 and scores["samples_per_doc"] == 4
+
+
+@pytest.fixture(scope="module")
+def math500() -> dict[str, dict]:
+    return {d["id"]: d for d in MATH500.load(shared_data_dir())}
+
+
+def test_math500_has_500_problems_keyed_by_their_math_path(math500):
+    assert len(math500) == 500
+    assert all(doc_id.startswith("test/") and doc_id.endswith(".json") for doc_id in math500)
+    assert all(doc["problem"] and doc["answer"] for doc in math500.values())
+    assert set(math500["test/algebra/2584.json"]) == {"id", "problem", "answer"}
+    assert math500["test/algebra/2584.json"]["answer"] == "\\frac{14}{3}"
+    assert MATH500.build_prompt(math500["test/algebra/2584.json"], 0).messages == [{"role": "user", "content": math500["test/algebra/2584.json"]["problem"]}]
+
+
+@pytest.mark.parametrize(
+    ("doc_id", "gold", "equivalent", "wrong"),
+    [
+        ("test/algebra/2584.json", "\\frac{14}{3}", "4\\frac{2}{3}", "\\frac{13}{3}"),
+        ("test/precalculus/807.json", "\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)", "\\left( 3, \\frac{\\pi}{3} \\right)"),
+        ("test/intermediate_algebra/558.json", "(3,4]", "(3, 4]", "[3,4]"),  # an interval: its brackets matter
+        ("test/precalculus/695.json", "(-\\infty, 0]", "(-\\infty,0]", "(-\\infty, 0)"),
+        ("test/algebra/2486.json", "\\left(\\frac{3}{5},\\frac{8}{3}\\right]", "(0.6, \\frac{8}{3}]", "\\left(\\frac{3}{5},\\frac{8}{3}\\right)"),
+        ("test/algebra/2036.json", "3\\sqrt{13}", "\\sqrt{117}", "3\\sqrt{12}"),
+        ("test/intermediate_algebra/428.json", "3, 5, 7", "3,5,7", "3, 5"),
+        ("test/precalculus/927.json", "90^\\circ", "90", "45^\\circ"),
+    ],
+)
+def test_math500_grader_on_real_answers(math500, doc_id, gold, equivalent, wrong):
+    doc = math500[doc_id]
+    assert doc["answer"] == gold
+    assert MATH500.grade(doc, f"<answer>\\boxed{{{gold}}}</answer>", 0).score == 1.0
+    assert MATH500.grade(doc, f"<answer>\\boxed{{{equivalent}}}</answer>", 0).score == 1.0
+    graded = MATH500.grade(doc, f"<answer>\\boxed{{{wrong}}}</answer>", 1)
+    assert (graded.score, graded.details["gold"], graded.sample_index) == (0.0, gold, 1)

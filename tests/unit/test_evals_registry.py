@@ -11,7 +11,7 @@ from evals_data import REPO_ROOT, shared_data_dir
 
 from rstar.evals import NATIVE_TEMPLATE, REGISTRY, RSTAR_TEMPLATE, DataUnavailable, Prompt, get_benchmark
 
-ALL = {"aime24", "aime25", "hmmt_feb_2025", "gpqa_diamond", "ifeval", "bfcl_v3"}
+ALL = {"aime24", "aime25", "hmmt_feb_2025", "math500", "gpqa_diamond", "ifeval", "bfcl_v3"}
 
 
 def test_every_paper_benchmark_is_registered():
@@ -21,7 +21,12 @@ def test_every_paper_benchmark_is_registered():
         get_benchmark("mmlu")
 
 
-@pytest.mark.parametrize("name", ["aime24", "aime25", "hmmt_feb_2025", "gpqa_diamond"])
+@pytest.mark.parametrize(("alias", "name"), [("hmmt25", "hmmt_feb_2025"), ("math500", "math500"), ("math-500", "math500"), ("math_500", "math500")])
+def test_short_names_resolve_to_registry_entries(alias, name):
+    assert get_benchmark(alias) is REGISTRY[name]
+
+
+@pytest.mark.parametrize("name", ["aime24", "aime25", "hmmt_feb_2025", "math500", "gpqa_diamond"])
 def test_math_and_gpqa_defaults_follow_the_paper(name):
     sampling = get_benchmark(name).sampling
     assert (sampling.temperature, sampling.samples, sampling.max_turns) == (0.6, 16, 30)
@@ -37,7 +42,7 @@ def test_ifeval_and_bfcl_use_their_own_prompt_greedily(name):
 
 def test_every_benchmark_loads_from_the_shared_copy_and_builds_prompts():
     counts = {name: len(REGISTRY[name].load(shared_data_dir())) for name in ALL}
-    assert counts == {"aime24": 30, "aime25": 30, "hmmt_feb_2025": 30, "gpqa_diamond": 198, "ifeval": 541, "bfcl_v3": 4441}
+    assert counts == {"aime24": 30, "aime25": 30, "hmmt_feb_2025": 30, "math500": 500, "gpqa_diamond": 198, "ifeval": 541, "bfcl_v3": 4441}
     for name in ALL:
         doc = REGISTRY[name].load(shared_data_dir())[0]
         prompt = REGISTRY[name].build_prompt(doc, 0)
@@ -58,7 +63,7 @@ def test_missing_local_copy_names_the_paths_it_tried(tmp_path):
 
 @pytest.mark.parametrize(
     ("name", "hf_id"),
-    [("aime24", "HuggingFaceH4/aime_2024"), ("gpqa_diamond", "Idavidrein/gpqa"), ("ifeval", "google/IFEval")],
+    [("aime24", "HuggingFaceH4/aime_2024"), ("math500", "HuggingFaceH4/MATH-500"), ("gpqa_diamond", "Idavidrein/gpqa"), ("ifeval", "google/IFEval")],
 )
 def test_unreachable_hub_error_names_the_dataset_id_and_the_override(name, hf_id):
     # A fresh interpreter in offline mode: the datasets library reads the flag at import.

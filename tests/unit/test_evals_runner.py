@@ -246,3 +246,23 @@ def test_a_grader_failure_costs_that_sample_only(store, aime):
     outcome = asyncio.run(execute(store, run, aime_client(aime), concurrency=2, docs={"aime24": broken}))
     assert (outcome.status, outcome.generated, outcome.failed) == ("failed", 2, 1)
     assert {doc_id for _, doc_id, _ in stored_keys(store, run.id)} == {aime[0]["id"], aime[2]["id"]}
+
+
+def test_the_scores_chart_names_benchmarks_and_metrics_and_draws_standard_errors():
+    from matplotlib.container import ErrorbarContainer
+
+    from rstar.evals.report import scores_figure
+
+    summary = {
+        "aime24": {"primary_metric": "avg_pass_at_1", "score": 0.25, "stderr": 0.05},
+        "ifeval": {"primary_metric": "prompt_level_strict_acc", "score": 0.6, "stderr": 0.02},
+        "bfcl_v3": {"primary_metric": "overall"},  # nothing graded yet
+    }
+    ax = scores_figure(summary).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["aime24\navg_pass_at_1", "ifeval\nprompt_level_strict_acc", "bfcl_v3\noverall"]
+    assert ax.get_ylabel() == "score (%): primary metric ± 1 s.e." and ax.get_ylim() == (0, 100)
+    assert [bar.get_height() for bar in ax.patches] == pytest.approx([25, 60, 0])
+    (errorbars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    _, _, (segments,) = errorbars.lines
+    assert [(low, high) for (_, low), (_, high) in segments.get_segments()] == [pytest.approx((20, 30)), pytest.approx((58, 62)), (0, 0)]
+    assert [t.get_text() for t in ax.texts] == ["25.0", "60.0", "-"]

@@ -9,6 +9,7 @@ from rstar.ui.render import (
     fence,
     output_block,
     sample_messages,
+    scores_caption,
     scores_table,
     trajectory_turn,
     turn_messages,
@@ -130,7 +131,13 @@ def test_sample_drill_down_shows_prompt_trajectory_and_grade():
 
 def test_scores_table_unions_metrics_across_benchmarks():
     headers, rows = scores_table({**SUMMARY, "gpqa": {"avg_pass_at_1": 0.25, "stderr": 0.1}, "ifeval": 0.7})
-    assert headers == ["benchmark", "avg_pass_at_1", "pass_at_k", "docs", "samples_per_doc", "stderr", "score"]
-    assert rows[0] == ["aime24", "0.5000", "1.0000", "2", "1", "", ""]
-    assert rows[1] == ["gpqa", "0.2500", "", "", "", "0.1000", ""]
-    assert rows[2][-1] == "0.7000"
+    assert headers == ["benchmark", "primary_metric", "score", "stderr", "samples", "expected_samples", "docs", "avg_pass_at_1"]
+    assert rows[0] == ["aime24", "avg_pass_at_1", "0.5000", "0.5000", "2", "2", "2", ""]
+    assert rows[1] == ["gpqa", "", "", "0.1000", "", "", "", "0.2500"]
+    assert rows[2][2] == "0.7000"
+
+
+def test_scores_caption_names_each_benchmark_and_its_metric():
+    summary = {**SUMMARY, "ifeval": {"primary_metric": "prompt_level_strict_acc", "score": 0.3}, "old": 0.7}
+    assert scores_caption(summary) == "Scores, % ± 1 s.e.: aime24 (avg_pass_at_1), ifeval (prompt_level_strict_acc)"
+    assert scores_caption({}) == "Scores, % ± 1 s.e."
