@@ -17,7 +17,7 @@ no longer fits is refused by the server and stored as a refused sample (scored 0
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from rstar.evals.registry import Doc, Prompt
@@ -28,6 +28,8 @@ class Budget:
     benchmark: str
     max_tokens: int
     prompt_tokens: int | None  # None: the longest prompt alone did not fit (the server refused it)
+    # Whether the template opens every answer inside a reasoning block (runner.open_reasoning_budgets).
+    opens_reasoning: bool = False
 
     @property
     def needed(self) -> int | None:
@@ -81,14 +83,18 @@ def model_window_limit(model_path: str) -> int | None:
 
 async def measure_with_server(client: Any, benchmarks: dict[str, dict], prompts: dict[str, Prompt], model: str) -> list[Budget]:
     """Each benchmark's longest prompt counted by the server: a one-token request with the run's template,
-    whose `usage.prompt_tokens` is the count (a refusal for length: the prompt alone is over the window)."""
+    whose `usage.prompt_tokens` is the count (a refusal for length: the prompt alone is over the window).
+    The template opened a reasoning block when that one token came back as `reasoning_content` (rstar
+    splits reasoning by the template's opening; a server that does not never reports one)."""
     from rstar.evals.client import GenerationParams
 
     budgets = []
     for name, sampling in benchmarks.items():
         params = GenerationParams(model=model, template=sampling["template"], temperature=0.0, top_p=1.0, max_tokens=1, max_turns=1)
         completion = await client.complete(prompts[name].messages, prompts[name].tools, params)
-        budgets.append(Budget(name, sampling["max_tokens"], None if completion.error else completion.prompt_tokens))
+        message = ((completion.trajectory.get("response") or {}).get("choices") or [{}])[0].get("message") or {}
+        opens = bool(message.get("reasoning_content")) and not message.get("content")
+        budgets.append(Budget(name, sampling["max_tokens"], None if completion.error else completion.prompt_tokens, opens))
     return budgets
 
 
@@ -102,5 +108,14 @@ def measure_with_tokenizer(tokenizer: Any, model_name: str, benchmarks: dict[str
         template = benchmark_template(tokenizer, model_name, sampling["template"])
         prompt = prompts[name]
         count = len(template.encode(prompt.messages, listed_tools(sampling["template"], prompt.tools)))
-        budgets.append(Budget(name, sampling["max_tokens"], count))
+        budgets.append(Budget(name, sampling["max_tokens"], count, template.starts_in_reasoning))
     return budgets
+
+
+def with_reasoning_budgets(config: dict, budgets: list[Budget]) -> list[Budget]:
+    """Put each benchmark's reasoning budget in force where its template opens a reasoning block (in
+    `config["benchmarks"]`, before the run is stored), and return the budgets to check against the window."""
+    from rstar.evals.runner import open_reasoning_budgets
+
+    config["benchmarks"] = open_reasoning_budgets(config["benchmarks"], {b.benchmark: b.opens_reasoning for b in budgets})
+    return [replace(b, max_tokens=config["benchmarks"][b.benchmark]["max_tokens"]) for b in budgets]

@@ -218,7 +218,7 @@ def run_command(
 async def _run(store, settings, run_id: str | None, config: dict, model: str | None, endpoint: str | None, concurrency: int, resuming: bool) -> None:
     from rstar.evals.client import FatalRequestError, HttpChatClient
     from rstar.evals.report import write_run_reports
-    from rstar.evals.budget import longest_prompt, measure_with_server, measure_with_tokenizer, model_window_limit, refusal
+    from rstar.evals.budget import longest_prompt, measure_with_server, measure_with_tokenizer, model_window_limit, refusal, with_reasoning_budgets
     from rstar.evals.registry import get_benchmark
     from rstar.evals.runner import execute, select_docs
 
@@ -254,16 +254,15 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
                 )
             docs = load_docs(config)  # after the endpoint: it answers in seconds, a hub may not
             window = next((m.get("max_model_len") for m in models if m["id"] == model), None)
+            budgets = with_reasoning_budgets(config, await measure_with_server(client, config["benchmarks"], longest_prompts(docs), model))
             if window is None:
                 console.print(
                     f"the server does not report its context window (max_model_len in /v1/models), so the token budget is not checked; "
                     f"requests over its window are stored as refused samples scoring 0",
                     highlight=False,
                 )
-            else:
-                budgets = await measure_with_server(client, config["benchmarks"], longest_prompts(docs), model)
-                if problem := refusal(budgets, window, "the server's context window", "serve with a larger window (rstar serve --max-model-len N)"):
-                    raise _fail(problem)
+            elif problem := refusal(budgets, window, "the server's context window", "serve with a larger window (rstar serve --max-model-len N)"):
+                raise _fail(problem)
             await go(client, model, docs)
         finally:
             await client.close()
@@ -281,7 +280,7 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
     resolved = resolve_model(settings.model, settings.models_dir)
     name = model or resolved.name
     try:
-        budgets = measure_with_tokenizer(AutoTokenizer.from_pretrained(resolved.path), name, config["benchmarks"], longest_prompts(docs))
+        budgets = with_reasoning_budgets(config, measure_with_tokenizer(AutoTokenizer.from_pretrained(resolved.path), name, config["benchmarks"], longest_prompts(docs)))
     except ValueError as exc:  # the native template on a model without a template of its own
         raise _fail(f"{exc}; IFEval and BFCL are scored with the model's own template, so run them on a model that has one") from None
     supported = model_window_limit(resolved.path) or settings.engine.max_model_len
@@ -381,7 +380,7 @@ def suites_command(
             f"{defaults['temperature']:g}",
             str(defaults["samples"]),
             str(defaults["max_turns"]),
-            str(defaults["max_tokens"]),
+            str(defaults["max_tokens"]) + (f" ({defaults['reasoning_max_tokens']} if the template opens reasoning)" if defaults["reasoning_max_tokens"] else ""),
             defaults["template"],
             entry["metric"],
         )

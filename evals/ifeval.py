@@ -106,6 +106,14 @@ def grade(doc: Doc, response: str, sample_index: int) -> Grade:
     return Grade(doc["id"], sample_index, float(results["prompt_level_strict_acc"]), results)
 
 
+# lm-eval's cap for an IFEval answer (its ifeval.yaml max_gen_toks).
+LM_EVAL_MAX_TOKENS = 1280
+# Room for the reasoning a model writes before that answer when its template opens one (rStar's <reason>):
+# 1280 + 4096 tokens plus an IFEval prompt fit the default model's 8192-token window. The truncation rate in
+# every report shows whether it sufficed.
+REASONING_ALLOWANCE = 4096
+
+
 def aggregate(grades: list[Grade]) -> dict[str, float]:
     """Prompt level: share of prompts whose instructions all pass. Instruction level: pooled over all prompts.
 
@@ -132,7 +140,14 @@ register(
         grade=grade,
         aggregate=aggregate,
         # Paper §5.1: the benchmark's own prompt at temperature 0. The token cap is lm-eval's max_gen_toks.
-        sampling=Sampling(temperature=0.0, samples=1, max_turns=1, max_tokens=1280, template=NATIVE_TEMPLATE),
+        sampling=Sampling(
+            temperature=0.0,
+            samples=1,
+            max_turns=1,
+            max_tokens=LM_EVAL_MAX_TOKENS,
+            template=NATIVE_TEMPLATE,
+            reasoning_max_tokens=LM_EVAL_MAX_TOKENS + REASONING_ALLOWANCE,
+        ),
         primary_metric="prompt_level_strict_acc",
         grader_problems=grader_problems,
     )

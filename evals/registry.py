@@ -35,6 +35,9 @@ class Sampling:
     max_turns: int  # assistant turns per doc (tool round trips + final answer)
     max_tokens: int  # whole-response budget, tool output included
     template: str  # RSTAR_TEMPLATE or NATIVE_TEMPLATE
+    # The budget instead of `max_tokens` when the model's template opens every answer inside a reasoning block
+    # (rStar's `<reason>`): a cap sized for a plain answer would cut the reasoning. None: `max_tokens` either way.
+    reasoning_max_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,21 @@ def plan(suite: Iterable[str], overrides: dict[str, Any]) -> dict[str, dict[str,
         settings = {**asdict(bench.sampling), "top_p": DEFAULT_TOP_P}
         settings.update({key: value for key, value in overrides.items() if key in SAMPLING_KEYS and value is not None})
         planned[bench.name] = {key: settings[key] for key in SAMPLING_KEYS}
+        if bench.sampling.reasoning_max_tokens and overrides.get("max_tokens") is None:
+            # Chosen once the run knows whether its template opens a reasoning block (`open_reasoning_budgets`).
+            planned[bench.name]["reasoning_max_tokens"] = bench.sampling.reasoning_max_tokens
     return planned
+
+
+def open_reasoning_budgets(benchmarks: dict[str, dict[str, Any]], opens_reasoning: dict[str, bool]) -> dict[str, dict[str, Any]]:
+    """The planned sampling with each benchmark's reasoning budget in force where its template opens every
+    answer in a reasoning block; `reasoning_max_tokens` stays in the stored config to show what was chosen."""
+    return {
+        name: {**sampling, "max_tokens": sampling["reasoning_max_tokens"]}
+        if sampling.get("reasoning_max_tokens") and opens_reasoning.get(name)
+        else sampling
+        for name, sampling in benchmarks.items()
+    }
 
 
 def truncated(trajectory: dict) -> bool:

@@ -199,7 +199,7 @@ def test_the_server_counts_the_budget_and_refuses_what_cannot_fit(make_server):
     benchmarks = {"aime24": {"template": RSTAR_TEMPLATE, "max_tokens": 30720}, "ifeval": {"template": NATIVE_TEMPLATE, "max_tokens": 1280}}
     budgets = asyncio.run(measure_with_server(over_http(http), benchmarks, prompts, RSTAR_MODEL))
     rstar_prompt = len(served.prompts[0])  # the one probe that fitted: what the server rendered for it
-    assert budgets == [Budget("aime24", 30720, rstar_prompt), Budget("ifeval", 1280, None)]
+    assert budgets == [Budget("aime24", 30720, rstar_prompt, opens_reasoning=True), Budget("ifeval", 1280, None)]
     message = refusal(budgets, 1024, "the server's context window", "serve with a larger window")
     assert "aime24 (max_tokens 30720 + longest prompt" in message and "ifeval (its longest prompt alone is over the window)" in message
 
@@ -231,3 +231,31 @@ def test_truncation_rate_is_in_the_summary_and_the_report():
     assert summary["truncation_rate"] == 0.25
     run = {"id": "r", "model": "m", "endpoint": "", "status": "finished", "created_at": "t", "config": {"benchmarks": plan(["aime24"], {})}}
     assert "| 30720 | 25.0% |" in markdown(run, {"aime24": summary})
+
+
+# ------------------------------------------------------------------------------- reasoning budgets
+
+
+def test_ifeval_gets_its_reasoning_budget_only_where_the_template_opens_reasoning(make_server, default_tokenizer):
+    """lm-eval's 1280-token cap is for an answer; a template that opens every answer in <reason> (the default
+    model's own) gets room for the reasoning too, detected the same way on both paths."""
+    from rstar.evals.budget import with_reasoning_budgets
+    from rstar.evals.ifeval import LM_EVAL_MAX_TOKENS, REASONING_ALLOWANCE
+    from rstar.evals.runner import plan
+
+    own_rstar = copy.deepcopy(default_tokenizer)
+    own_rstar.chat_template = RSTAR_TEMPLATE_PATH.read_text(encoding="utf-8")
+    prompts = native_prompts()
+    assert "reasoning_max_tokens" not in plan(["ifeval"], {"max_tokens": 2000})["ifeval"]  # a given --max-tokens wins
+    for tokenizer, opens in ((own_rstar, True), (default_tokenizer, False)):
+        _, http, _, _ = make_server(replies=["Sure."], model_name=RSTAR_MODEL, tokenizer=tokenizer, max_model_len=8192)
+        benchmarks = plan(["ifeval", "gpqa_diamond"], {})
+        remote = asyncio.run(measure_with_server(over_http(http), benchmarks, {"ifeval": prompts["ifeval"], "gpqa_diamond": prompts["ifeval"]}, RSTAR_MODEL))
+        local = measure_with_tokenizer(tokenizer, RSTAR_MODEL, benchmarks, {"ifeval": prompts["ifeval"], "gpqa_diamond": prompts["ifeval"]})
+        assert [b.opens_reasoning for b in remote] == [b.opens_reasoning for b in local] == [opens, True]
+        config = {"benchmarks": benchmarks}
+        checked = with_reasoning_budgets(config, local)
+        expected = LM_EVAL_MAX_TOKENS + REASONING_ALLOWANCE if opens else LM_EVAL_MAX_TOKENS
+        assert config["benchmarks"]["ifeval"]["max_tokens"] == checked[0].max_tokens == expected
+        assert config["benchmarks"]["gpqa_diamond"]["max_tokens"] == plan(["gpqa_diamond"], {})["gpqa_diamond"]["max_tokens"]  # no reasoning budget of its own
+        assert with_reasoning_budgets(config, local) == checked  # a resumed run's stored config stays as it was

@@ -53,7 +53,8 @@ def test_suites_json_lists_every_benchmark_with_counts_readiness_and_paper_defau
     assert all(e["grader"] == {"ready": True, "problems": []} for e in entries.values())
     math500 = entries["math500"]
     assert math500["aliases"] == ["math-500", "math_500"] and entries["hmmt_feb_2025"]["aliases"] == ["hmmt25"]
-    assert math500["defaults"] == {"temperature": 0.6, "samples": 16, "max_turns": 30, "max_tokens": 30720, "template": "rstar"}
+    assert math500["defaults"] == {"temperature": 0.6, "samples": 16, "max_turns": 30, "max_tokens": 30720, "template": "rstar", "reasoning_max_tokens": None}
+    assert (entries["ifeval"]["defaults"]["max_tokens"], entries["ifeval"]["defaults"]["reasoning_max_tokens"]) == (1280, 1280 + 4096)
     assert math500["metric"] == "avg_pass_at_1" and math500["data"]["read_from"] == str(shared_data_dir().resolve())
     assert entries["ifeval"]["defaults"]["template"] == "native" and entries["ifeval"]["metric"] == "prompt_level_strict_acc"
 
