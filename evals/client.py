@@ -298,7 +298,13 @@ def http_trajectory(data: dict) -> dict:
          "arguments": call["function"].get("arguments", ""), "response": None}
         for i, call in enumerate(message.get("tool_calls") or [])
     ]  # fmt: skip
-    return {"turns": [{"text": text, "finish_reason": choice.get("finish_reason")}], "tool_calls": cells + calls, "stop_reason": choice.get("finish_reason"), "response": data}
+    return {
+        "turns": [{"text": text, "finish_reason": choice.get("finish_reason")}],
+        "tool_calls": cells + calls,
+        "stop_reason": choice.get("finish_reason"),
+        "tool_protocol": data.get("tool_protocol"),  # rstar says which built the tool turns; other servers run none
+        "response": data,
+    }
 
 
 def parse_completion(data: dict) -> Completion:

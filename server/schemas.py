@@ -227,6 +227,8 @@ class ChatCompletion(BaseModel):
     system_fingerprint: str | None = None
     conversation_id: str | None = None
     prompt_token_ids: list[int] | None = None
+    # Which tool protocol built the answer's tool turns ('released' or 'improved'), so a stored answer says so.
+    tool_protocol: str | None = None
 
 
 def weights_fingerprint(weight_version: int) -> str:

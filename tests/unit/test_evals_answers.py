@@ -77,6 +77,8 @@ def test_one_trajectory_grades_the_same_in_process_and_over_http(make_server, de
     for extraction in EXTRACTIONS:
         graded = [aime.grade_view(doc, answer_view(s.trajectory), 0, extraction) for s in (remote, local)]
         assert graded[0] == graded[1] and graded[0].score == 1.0, extraction
+    # both say which tool protocol built the tool turn: the embedded default's (it was trained on `improved`)
+    assert remote.trajectory["tool_protocol"] == local.trajectory["tool_protocol"] == "improved"
 
 
 # Answers on which the two extraction variants are compared; golden: tests/golden/evals/answer_extraction.json.
