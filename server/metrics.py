@@ -1,7 +1,12 @@
 """Prometheus metrics of the API server, served at /metrics.
 
-One registry per app (not prometheus_client's global one), so several apps in one process (tests, the
-benchmark) count separately. The engine's gauges are read at scrape time, so they are never stale.
+Ours live in one registry per app (not prometheus_client's global one), so several apps in one process
+(tests, the benchmark) count separately. The engine's gauges are read at scrape time, so they are never stale.
+
+vLLM's own engine metrics (`vllm:*`: prefix-cache queries and hits, running/waiting requests, KV-cache usage,
+preemptions, iteration tokens, TTFT and latency histograms) are what `vllm serve` users scrape and have
+dashboards for. AsyncLLM always registers them in prometheus_client's global registry, one engine per process,
+so /metrics serves that registry after ours, unchanged.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -53,7 +58,8 @@ class ServerMetrics:
         kv_usage.set_function(lambda: engine.stats().kv_cache_usage)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """Our metrics, then the process-wide registry's (vLLM's engine metrics where a vLLM engine runs)."""
+        return generate_latest(self.registry) + generate_latest(REGISTRY)
 
 
 class RequestCounter:

@@ -125,13 +125,40 @@ def test_errors_over_http(live_server):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=100_000)
     assert err.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as err:  # vLLM itself would fail this deep inside, as a 500
+        client.completions.create(model=MODEL, prompt=[1, 10**7], max_tokens=4)
+    assert err.value.body["param"] == "prompt"
     too_big = httpx.post(f"{live_server.base_url}/v1/chat/completions", content=b"x" * (live_server.settings.api.max_body_bytes + 1))
     assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "body_too_large"
 
 
+def metric_total(live_server, name: str) -> float:
+    """The sum of a metric's samples over all label sets, as /metrics shows it now."""
+    lines = httpx.get(f"{live_server.base_url}/metrics").text.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith((name + " ", name + "{")))
+
+
 def _client_disconnects(live_server) -> float:
-    metrics = httpx.get(f"{live_server.base_url}/metrics").text
-    return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("rstar_client_disconnects_total "))
+    return metric_total(live_server, "rstar_client_disconnects_total")
+
+
+def test_metrics_carry_vllms_engine_metrics_and_they_move(live_server):
+    """The same prompt twice (the rStar system prompt and tools block, a few hundred tokens): vLLM's own counters
+    (requests, prefix-cache queries and hits) show both, next to ours."""
+    names = ("vllm:request_success_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "rstar_prompt_tokens_total")
+    before = {name: metric_total(live_server, name) for name in names}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Name a prime number."}], "max_tokens": 4}
+    for _ in range(2):
+        assert httpx.post(f"{live_server.base_url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+    deadline = time.time() + 10  # vLLM records a step's stats just after its outputs go out
+    while metric_total(live_server, "vllm:request_success_total") < before["vllm:request_success_total"] + 2 and time.time() < deadline:
+        time.sleep(0.2)
+    after = {name: metric_total(live_server, name) for name in names}
+    assert after["vllm:request_success_total"] - before["vllm:request_success_total"] == 2
+    assert after["vllm:prefix_cache_queries_total"] > before["vllm:prefix_cache_queries_total"]
+    # The second request's prompt is the first's: all but its last block comes from the prefix cache.
+    assert after["vllm:prefix_cache_hits_total"] > before["vllm:prefix_cache_hits_total"]
+    assert after["rstar_prompt_tokens_total"] > before["rstar_prompt_tokens_total"]
 
 
 def test_a_client_leaving_a_non_streaming_request_aborts_it(live_server, engine):
