@@ -22,34 +22,7 @@ if [[ ",${extras}," == *",cpu,"* ]]; then
 fi
 
 # The graders, for every install (`rstar eval run` is one of the four things users come for).
-# bfcl-eval (last release with the BFCL v3 files) pins numpy==1.26.4 and provider SDKs that break vLLM's;
-# the checker modules rstar.evals imports need none of them (the core dependencies bring what they do need).
-.venv/bin/python -m pip install --quiet --no-deps bfcl-eval==2025.8.6.2
-# IFEval's checkers need NLTK's punkt_tab, which NLTK would otherwise download at run time. The
-# llama-index-core wheel (MIT) bundles NLTK's data; unpack only the English Punkt tables (plain text
-# files, no pickles) into the venv's share/nltk_data, one of the places NLTK searches by default.
-punkt=.venv/share/nltk_data/tokenizers/punkt_tab/english
-if [ ! -f "$punkt/ortho_context.tab" ]; then
-    tmp=$(mktemp -d)
-    .venv/bin/python -m pip download --quiet --no-deps --dest "$tmp" llama-index-core==0.14.25
-    .venv/bin/python - "$tmp"/llama_index_core-0.14.25-py3-none-any.whl "$punkt" <<'PY'
-import hashlib, sys, zipfile
-from pathlib import Path
-
-wheel, target = Path(sys.argv[1]), Path(sys.argv[2])
-digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-if digest != "caa7d9c5ac9b13dc33400cf8d5e92e689b6d1e4497eb9bfa50d6f52ca2eb22a1":
-    sys.exit(f"install.sh: unexpected llama-index-core wheel (sha256 {digest}); not unpacking punkt_tab")
-prefix = "llama_index/core/_static/nltk_cache/tokenizers/punkt_tab/english/"
-target.mkdir(parents=True, exist_ok=True)
-with zipfile.ZipFile(wheel) as z:
-    names = [n for n in z.namelist() if n.startswith(prefix) and not n.endswith("/")]
-    for name in names:
-        (target / name[len(prefix):]).write_bytes(z.read(name))
-print(f"install.sh: NLTK punkt_tab (English) unpacked into {target}")
-PY
-    rm -rf "$tmp"
-fi
+bash install_graders.sh .venv/bin/python
 
 # System packages, from the distribution (root + apt only; elsewhere we say what is missing):
 #   bubblewrap  the sandbox runs model code inside it and refuses to start without isolation;
