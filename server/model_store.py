@@ -167,10 +167,11 @@ def pull_embedded_model(models_dir: Path, model: EmbeddedModel | TunedModel = SM
 
 
 def entry_source(model: EmbeddedModel | TunedModel) -> str:
-    """What a cache entry is built from, as its manifest records it: a new delta in a new rstar release
-    does not match a cached model merged from the old one, which is then rebuilt."""
+    """What a cache entry is built from, as its manifest records it: a new delta or chat template in a new
+    rstar release does not match a cached model built from the old ones, which is then rebuilt."""
     if isinstance(model, TunedModel):
-        return f"{model.base.requirement} + {model.delta_file} sha256:{model.delta_sha256}"
+        template = sha256_file(model.chat_template)
+        return f"{model.base.requirement} + {model.delta_file} sha256:{model.delta_sha256} + {model.chat_template.name} sha256:{template}"
     return model.requirement
 
 

@@ -47,8 +47,13 @@ def sample_rows(db: Path, run_id: str) -> list[tuple]:
 def test_every_benchmark_runs_end_to_end_over_the_api(live_server, tmp_path):
     db = tmp_path / "evals.db"
     env = {"RSTAR_DATA_DIR": str(tmp_path / "data"), "COLUMNS": "200"}
-    args = ["run", "--suite", SUITE, "--endpoint", f"{live_server.base_url}/v1", "--limit", "2", *SMALL, "--concurrency", "8"]
-    args += ["--data-dir", str(shared_data_dir()), "--database-url", f"sqlite:///{db}", "--run-id", "e2e"]
+    common = ["--endpoint", f"{live_server.base_url}/v1", "--limit", "2", "--data-dir", str(shared_data_dir()), "--database-url", f"sqlite:///{db}"]
+    # A budget the server's window cannot hold is refused before anything is stored, naming both numbers.
+    too_long = CliRunner(env=env).invoke(eval_app, ["run", "--suite", "aime24", "--max-tokens", "8192", "--run-id", "too-long", *common])
+    assert too_long.exit_code == 2 and "does not fit the server's context window of 8192 tokens: aime24 (max_tokens 8192 + longest prompt" in too_long.output
+    assert not sample_rows(db, "too-long") and "too-long" not in CliRunner(env=env).invoke(eval_app, ["list", "--database-url", f"sqlite:///{db}"]).output
+
+    args = ["run", "--suite", SUITE, *SMALL, "--concurrency", "8", "--run-id", "e2e", *common]
     result = CliRunner(env=env).invoke(eval_app, args)
     assert result.exit_code == 0, result.output
 
@@ -63,7 +68,7 @@ def test_every_benchmark_runs_end_to_end_over_the_api(live_server, tmp_path):
         request, response, trajectory = json.loads(request), json.loads(response), json.loads(trajectory)
         assert 0.0 <= score <= 1.0 and index == 0
         assert request["messages"] and request["params"]["max_tokens"] == 64
-        refused = [t for t in trajectory.get("requests", [trajectory]) if "error" in t]  # prompt over the server's 4096 tokens
+        refused = [t for t in trajectory.get("requests", [trajectory]) if "error" in t]  # a multi-turn request grown past the window
         assert "turns" in trajectory and "tool_calls" in trajectory
         assert turns >= 1 or refused
         refusals[benchmark] += bool(refused)
@@ -90,7 +95,9 @@ def test_in_process_run_uses_the_rstar_template_and_the_real_sandbox(engine, loo
     from rstar.sandbox.clients import LocalClient
     from rstar.sandbox.settings import SandboxSettings
     from rstar.server.builtin_tools import SandboxExecutor
-    from rstar.server.chat_template import choose_template
+    from rstar.evals.answers import answer_view
+    from rstar.evals.client import benchmark_template
+    from rstar.evals.registry import NATIVE_TEMPLATE
 
     sandbox = loop_thread.run(LocalClient(SandboxSettings()).start())
     try:
@@ -105,17 +112,19 @@ def test_in_process_run_uses_the_rstar_template_and_the_real_sandbox(engine, loo
     assert (outcome.status, outcome.generated) == ("finished", 8)
     tokenizer = engine.tokenizer
     rows = sample_rows(tmp_path / "evals.db", run.id)
-    native = choose_template(tokenizer, engine.model_name)  # the model's own (the default model ships rStar's, tool-less)
+    # the model's own (the default model ships rStar's), without the math answer instruction
+    native = benchmark_template(tokenizer, engine.model_name, NATIVE_TEMPLATE)
     for benchmark, _, _, _, request, response, trajectory, tokens, turns in rows:
         completion = json.loads(trajectory)  # the agent loop's own trajectory, token ids included
         prompt = tokenizer.decode(completion["prompt_ids"])
         assert ("python_code_with_standard_io" in prompt) == (benchmark == "aime24")  # only math gets the tool
         if benchmark == "aime24":
             assert "You must put your answer inside <answer> </answer> tags" in prompt
-        else:  # IFEval: its own prompt through the model's own template
+        else:  # IFEval: its own prompt through the model's own template, no answer instruction
             assert completion["prompt_ids"] == native.encode(json.loads(request)["messages"])
+            assert "You must put your answer" not in prompt and prompt.endswith("<|im_start|>assistant\n<reason>")
         assert 0 < tokens <= 64 and turns == len(completion["turns"])
-        assert json.loads(response) == completion["turns"][-1]["text"]
+        assert json.loads(response) == answer_view(completion).answer_text  # what the grader read
 
 
 def test_a_killed_run_resumes_without_losing_or_double_counting(live_server, tmp_path):

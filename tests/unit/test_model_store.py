@@ -9,12 +9,12 @@ import pytest
 from rstar.server.model_store import MANIFEST_NAME, ModelNotFound, _write_manifest, cache_problems, resolve_model
 
 
-def _fake_entry(root: Path) -> Path:
+def _fake_entry(root: Path, source: str = "test") -> Path:
     entry = root / "SmolLM2-135M-Instruct"
     entry.mkdir(parents=True)
     (entry / "config.json").write_text('{"model_type": "llama"}')
     (entry / "model.safetensors").write_bytes(b"\0" * 4096)
-    _write_manifest(entry, source="test")
+    _write_manifest(entry, source=source)
     return entry
 
 
@@ -100,3 +100,19 @@ def test_serve_without_an_engine_extra_says_what_to_install(tmp_path):
     assert result.returncode == 2
     assert "bash install.sh cpu" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_new_chat_template_makes_a_cached_tuned_model_stale(tmp_path):
+    """The tuned default carries a copy of the rStar template; a release that changes the template (e.g. a new
+    variable) must rebuild the copy, or the model's own template would lag behind rstar's."""
+    from dataclasses import replace
+
+    from rstar.server.model_store import SMOLLM2_135M_TOOL, entry_source
+
+    template = tmp_path / "rstar.jinja"
+    template.write_text("{{ 'one' }}")
+    model = replace(SMOLLM2_135M_TOOL, chat_template=template)
+    entry = _fake_entry(tmp_path / "models", source=entry_source(model))
+    assert cache_problems(entry, entry_source(model)) == []
+    template.write_text("{{ 'two' }}")
+    assert "this rstar ships" in cache_problems(entry, entry_source(model))[0]
