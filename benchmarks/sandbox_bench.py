@@ -202,7 +202,8 @@ async def measure(runner, sizes: dict) -> dict:
 async def main_async(quick: bool) -> dict:
     ours_sizes = {"latency": 300, "throughput": 1000, "heavy": 60} if quick else {"latency": 2000, "throughput": 5000, "heavy": 300}
     fresh_sizes = {"latency": 40, "throughput": 80, "heavy": 9} if quick else {"latency": 200, "throughput": 400, "heavy": 45}
-    runners = [(Ours(), ours_sizes), (WarmServers("warm_fork", True), ours_sizes), (WarmServers("warm_pool", False), ours_sizes),
+    runners = [(Ours(), ours_sizes), (WarmServers("warm_fork", True), ours_sizes),
+               (WarmServers("warm_pool", False), ours_sizes),
                (FreshProcess("python_c", []), fresh_sizes)]
     prefix = bwrap_prefix()
     if prefix:
