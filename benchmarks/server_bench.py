@@ -246,7 +246,7 @@ def loop_overhead(model_dir: str, quick: bool) -> dict:
 
 def leftover_cells(uid_base: int = 61000, span: int = 4096) -> int:
     """Host processes running as a sandbox cell uid (pre-forked spares included)."""
-    from rstar.sandbox.zygote import cell_processes
+    from rstar.sandbox.procs import cell_processes
 
     return len(cell_processes(uid_base, span))
 

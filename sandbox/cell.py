@@ -25,6 +25,17 @@ import traceback
 CELL_FILENAME = "<cell>"
 
 
+def preload(modules: list[str]) -> None:
+    """Import what cells will use, so no cell pays for it (the zygote does this once before forking)."""
+    for name in modules:
+        __import__(name)
+    if "sympy" in modules:
+        # sympy builds some caches lazily on first use; pay that once here, not in every cell.
+        import sympy
+
+        sympy.Symbol("x") + 1
+
+
 def new_namespace() -> dict:
     return {"__name__": "__main__", "__builtins__": builtins}
 

@@ -54,7 +54,7 @@ class ZygoteProcess:
         self.proc.stdin.write(protocol.encode(self.plan.config))
         await self.proc.stdin.drain()
         try:
-            ready = await asyncio.wait_for(self._read_frame(), START_TIMEOUT_S)
+            ready = await asyncio.wait_for(protocol.read_frame_async(self.proc.stdout), START_TIMEOUT_S)
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
             await self.stop()
             raise RuntimeError(f"the zygote did not start: {type(exc).__name__}: {exc}") from exc
@@ -65,17 +65,10 @@ class ZygoteProcess:
         self._reader = asyncio.create_task(self._read_answers())
         return self.report
 
-    async def _read_frame(self) -> dict:
-        header = await self.proc.stdout.readexactly(protocol.HEADER.size)
-        (size,) = protocol.HEADER.unpack(header)
-        if size > protocol.MAX_FRAME:
-            raise ValueError(f"oversized frame from the zygote ({size} bytes)")
-        return protocol.decode(await self.proc.stdout.readexactly(size))
-
     async def _read_answers(self) -> None:
         try:
             while True:
-                message = await self._read_frame()
+                message = await protocol.read_frame_async(self.proc.stdout)
                 future = self.pending.pop(message.get("id"), None)
                 if future is not None and not future.done():
                     future.set_result(message)

@@ -59,6 +59,14 @@ def read_frame(fd: int) -> dict | None:
     return decode(body)
 
 
+async def read_frame_async(stream) -> dict:
+    """One frame from an asyncio StreamReader; raises asyncio.IncompleteReadError at end of stream."""
+    (size,) = HEADER.unpack(await stream.readexactly(HEADER.size))
+    if size > MAX_FRAME:
+        raise ValueError(f"frame of {size} bytes exceeds {MAX_FRAME}")
+    return decode(await stream.readexactly(size))
+
+
 class FrameBuffer:
     """Incremental decoder for a non-blocking reader."""
 

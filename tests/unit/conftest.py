@@ -82,7 +82,7 @@ def sandbox_small_pool():
 
 def sandbox_host_processes(uid_base: int, count: int) -> list[int]:
     """Host pids running as any cell uid (they should exist only while a pool is up)."""
-    from rstar.sandbox.zygote import cell_processes
+    from rstar.sandbox.procs import cell_processes
 
     return [pid for pid, _uid, _state in cell_processes(uid_base, count)]
 
