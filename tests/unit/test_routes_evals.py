@@ -126,4 +126,6 @@ def test_the_app_reaches_its_database_through_one_engine(tmp_path, default_token
         assert client.get("/v1/evals/runs").json()["total"] == 0
         assert client.get("/v1/rl/runs").json()["data"] == []
         assert client.get("/v1/rl/runs/nope").status_code == 404
+        assert client.post("/v1/rl/runs", json={"recipe": "cpu", "data": "/etc/passwd"}).status_code == 400  # refused before any run row
+        assert client.get("/v1/rl/runs").json()["data"] == []
     assert opened == [settings.resolved_database_url]
