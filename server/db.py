@@ -10,8 +10,8 @@ migrations in `migrations/versions`, which `open_database` applies on start-up.
 
 A process opens its database once (`open_database`) and hands the session factory to everything that
 needs it: the API app keeps it in `app.state.database` for its routes (`app_database`), a CLI command
-holds it for the command's length. One engine per URL per process means one connection pool: SQLite
-writers queue on one pool rather than racing each other's locks, and PostgreSQL sees one pool per process.
+holds it for the command's length. One engine per URL per process: one connection pool to size and to
+close at shutdown, and no route opening (and migrating) a database of its own behind the app's back.
 """
 
 from __future__ import annotations
