@@ -115,7 +115,9 @@ class SampleStats:
 
 
 class RunStore:
-    """The runs and samples tables. Synchronous: the runner calls it from one writer thread."""
+    """The runner's queries on the runs and samples tables (`rstar.server.db`, whose /v1/evals routes read the
+    same rows). Synchronous: the runner calls it from one writer thread. `sessions`: the process's one
+    session factory for its database (`open_database`)."""
 
     def __init__(self, sessions: sessionmaker):
         self.sessions = sessions

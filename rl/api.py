@@ -20,7 +20,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from rstar.config import Settings
@@ -29,7 +29,7 @@ from rstar.rl.recipe import RecipeError, load_recipe
 from rstar.rl.rollout import RolloutEnv
 from rstar.rl.runs import RunConflict, RunStore, UnknownRun, new_run_id
 from rstar.rl.train import RunSpec, train_grpo
-from rstar.server.db import open_database
+from rstar.server.db import app_database
 from rstar.server.errors import APIError
 
 log = logging.getLogger("rstar.rl")
@@ -55,11 +55,11 @@ def _inside(path: Path, roots: list[Path]) -> bool:
 
 def mount_rl(app: FastAPI, settings: Settings, dependencies: list) -> None:
     router = APIRouter(prefix="/v1/rl", dependencies=dependencies)
-    store = RunStore(open_database(settings.resolved_database_url))
+    runs = Depends(_run_store)
     state: dict[str, asyncio.Task | None] = {"task": None}
 
     @router.post("/runs", status_code=202)
-    async def start_run(body: RunRequest, request: Request) -> dict:
+    async def start_run(body: RunRequest, request: Request, store: RunStore = runs) -> dict:
         running = state["task"]
         if running is not None and not running.done():
             raise APIError(409, f"run {running.get_name()} is in progress on this server; cancel it first (POST /v1/rl/runs/{running.get_name()}/cancel)", "run_id", "run_in_progress")
@@ -86,15 +86,15 @@ def mount_rl(app: FastAPI, settings: Settings, dependencies: list) -> None:
         return await asyncio.to_thread(store.get, run_id, False)
 
     @router.get("/runs")
-    def list_runs(limit: int = 50) -> dict:
+    def list_runs(store: RunStore = runs, limit: int = 50) -> dict:
         return {"object": "list", "data": store.list(limit)}
 
     @router.get("/runs/{run_id}")
-    def get_run(run_id: str) -> dict:
+    def get_run(run_id: str, store: RunStore = runs) -> dict:
         return _known(store.get, run_id)
 
     @router.post("/runs/{run_id}/cancel")
-    def cancel_run(run_id: str) -> dict:
+    def cancel_run(run_id: str, store: RunStore = runs) -> dict:
         return _known(store.request_cancel, run_id)
 
     app.include_router(router)
@@ -114,6 +114,11 @@ def mount_rl(app: FastAPI, settings: Settings, dependencies: list) -> None:
                     await asyncio.gather(task, return_exceptions=True)
 
     app.router.lifespan_context = lifespan
+
+
+def _run_store(request: Request) -> RunStore:
+    """The RL run tables through the app's one database engine (opened by the API's lifespan)."""
+    return RunStore(app_database(request))
 
 
 def _known(action, run_id: str) -> dict:

@@ -22,7 +22,7 @@ from rstar.config import Settings
 from rstar.sandbox.clients import SandboxClient, connect
 from rstar.server.chat_template import choose_template
 from rstar.server.conversations import ConversationStore
-from rstar.server.db import open_database
+from rstar.server.db import close_database, open_database
 from rstar.server.engine import TokenEngine
 from rstar.server.errors import APIError, error_body, install_error_handlers
 from rstar.server.limits import Admission, AdmittedStream, BodySizeLimit, ClientDisconnected, cancel_on_disconnect
@@ -45,6 +45,8 @@ SandboxFactory = Callable[[], SandboxClient]
 def create_app(settings: Settings, engine_factory: EngineFactory, model_name: str, sandbox_factory: SandboxFactory | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        # The process's one engine for its database: conversations, eval reads and RL runs all go through it.
+        app.state.database = open_database(settings.resolved_database_url)
         engine = await engine_factory()
         sandbox = sandbox_factory() if sandbox_factory else connect(settings.sandbox, url=settings.api.sandbox_url)
         try:
@@ -58,7 +60,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
             template=choose_template(engine.tokenizer, model_name, api.chat_template),
             sandbox=sandbox,
             model_names={model_name, settings.served_model_name or model_name, "default"},
-            store=ConversationStore(open_database(settings.resolved_database_url)),
+            store=ConversationStore(app.state.database),
             settings=settings,
             metrics=metrics,
             admission=Admission(api.max_running_requests, api.max_waiting_requests, api.queue_timeout_s, api.retry_after_s),
@@ -75,6 +77,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
         finally:
             await sandbox.close()
             await engine.shutdown()
+            close_database(app.state.database)
 
     app = FastAPI(title="rstar", version=rstar.__version__, lifespan=lifespan)
     install_error_handlers(app)
@@ -166,7 +169,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
             raise _no_conversation(conversation_id)
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
-    app.include_router(evals_router(settings.resolved_database_url), dependencies=authorized)
+    app.include_router(evals_router(), dependencies=authorized)
     return app
 
 

@@ -1,7 +1,17 @@
-"""Persistence: SQLAlchemy 2.x models, the database URL, and schema migrations (Alembic).
+"""Persistence: SQLAlchemy 2.x models, the engine and session factory, and schema migrations (Alembic).
+
+The one persistence layer for every feature: conversations and trajectories (server/conversations.py), eval
+runs and samples (written by evals/runner.py's RunStore, read by server/routes_evals.py) and RL runs
+(rl/runs.py). Each feature keeps its queries beside it; this module owns the tables and how a process
+reaches them.
 
 SQLite in the user data dir by default; PostgreSQL by URL. The schema is only ever changed by the
 migrations in `migrations/versions`, which `open_database` applies on start-up.
+
+A process opens its database once (`open_database`) and hands the session factory to everything that
+needs it: the API app keeps it in `app.state.database` for its routes (`app_database`), a CLI command
+holds it for the command's length. One engine per URL per process: one connection pool to size and to
+close at shutdown, and no route opening (and migrating) a database of its own behind the app's back.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from uuid import uuid4
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
+from starlette.requests import Request
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -229,7 +240,19 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def open_database(url: str) -> sessionmaker:
-    """Engine + migrated schema + a session factory."""
+    """Engine + migrated schema + a session factory. Call it once per process and URL, and share the result."""
     engine = make_engine(url)
     upgrade(engine)
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def close_database(sessions: sessionmaker) -> None:
+    """Release the pooled connections of the engine behind `sessions` (at shutdown)."""
+    with sessions() as session:
+        session.get_bind().dispose()
+
+
+def app_database(request: Request) -> sessionmaker:
+    """The session factory the API app opened at start-up (`app.state.database`): a route dependency, so
+    every route of the app shares its one engine."""
+    return request.app.state.database

@@ -1,23 +1,22 @@
 """Read-only eval-run endpoints over the EvalRun / EvalSample tables (the UI's Evaluations tab reads these).
 
-The eval runner writes runs and samples; nothing here changes them. The routes read the app's database by
-its URL, so they share its schema and file whichever way the app's lifespan holds its own session factory. Files are served only from a run's
-own directory, by plain file name, so a request can never name a path outside it.
+The eval runner writes runs and samples; nothing here changes them. The routes read through the session
+factory the app opened at start-up (`app_database`), the same engine its other routes use. Files are served
+only from a run's own directory, by plain file name, so a request can never name a path outside it.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import FileResponse
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import sessionmaker
 
-from rstar.server.db import EvalRun, EvalSample, open_database
+from rstar.server.db import EvalRun, EvalSample, app_database
 from rstar.server.errors import APIError
 
 # The files a run directory holds for readers: reports and plots (the runner's report.json, report.md, *.png).
@@ -74,30 +73,21 @@ def _get_run(session, run_id: str) -> EvalRun:
     return run
 
 
-def evals_router(database_url: str) -> APIRouter:
-    """The /v1/evals routes over the database at `database_url` (the app's own)."""
+def evals_router() -> APIRouter:
+    """The /v1/evals routes over the app's database."""
     router = APIRouter(prefix="/v1/evals")
-    opened: list[sessionmaker] = []
-    lock = threading.Lock()
-
-    def new_session() -> Session:
-        # Opened on first use rather than at import or app creation: the API's lifespan owns start-up order,
-        # and an app that never serves eval reads never touches the eval tables.
-        with lock:
-            if not opened:
-                opened.append(open_database(database_url))
-            return opened[0]()
+    database = Depends(app_database)
 
     @router.get("/runs")
-    def list_runs(limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0)) -> dict[str, Any]:
-        with new_session() as session:
+    def list_runs(sessions: sessionmaker = database, limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0)) -> dict[str, Any]:
+        with sessions() as session:
             runs = session.scalars(select(EvalRun).order_by(EvalRun.created_at.desc()).limit(limit).offset(offset)).all()
             total = session.scalar(select(func.count()).select_from(EvalRun))
             return {"object": "list", "data": [_run_row(run) for run in runs], "total": total}
 
     @router.get("/runs/{run_id}")
-    def get_run(run_id: str) -> dict[str, Any]:
-        with new_session() as session:
+    def get_run(run_id: str, sessions: sessionmaker = database) -> dict[str, Any]:
+        with sessions() as session:
             run = _get_run(session, run_id)
             counts = session.execute(
                 select(EvalSample.benchmark, func.count(), func.avg(EvalSample.score)).where(EvalSample.run_id == run_id).group_by(EvalSample.benchmark)
@@ -114,11 +104,12 @@ def evals_router(database_url: str) -> APIRouter:
     @router.get("/runs/{run_id}/samples")
     def list_samples(
         run_id: str,
+        sessions: sessionmaker = database,
         benchmark: str | None = None,
         limit: int = Query(100, ge=1, le=1000),
         offset: int = Query(0, ge=0),
     ) -> dict[str, Any]:
-        with new_session() as session:
+        with sessions() as session:
             _get_run(session, run_id)
             query = select(EvalSample).where(EvalSample.run_id == run_id)
             if benchmark:
@@ -129,16 +120,16 @@ def evals_router(database_url: str) -> APIRouter:
             return {"object": "list", "data": [_sample_row(sample) for sample in samples], "total": total}
 
     @router.get("/runs/{run_id}/samples/{sample_id}")
-    def get_sample(run_id: str, sample_id: int) -> dict[str, Any]:
-        with new_session() as session:
+    def get_sample(run_id: str, sample_id: int, sessions: sessionmaker = database) -> dict[str, Any]:
+        with sessions() as session:
             sample = session.get(EvalSample, sample_id)
             if sample is None or sample.run_id != run_id:
                 raise APIError(404, f"No sample {sample_id} in eval run `{run_id}`.", "sample_id", "not_found")
             return {**_sample_row(sample), "grade": sample.grade, "request": sample.request, "response": sample.response, "trajectory": sample.trajectory}
 
     @router.get("/runs/{run_id}/files/{name}")
-    def get_file(run_id: str, name: str) -> FileResponse:
-        with new_session() as session:
+    def get_file(run_id: str, name: str, sessions: sessionmaker = database) -> FileResponse:
+        with sessions() as session:
             run_dir = _get_run(session, run_id).run_dir
         # Only regular files listed from the directory itself are served: no separators, no "..", no symlinks out.
         if not _SERVABLE.match(name) or name not in _servable_files(run_dir):

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
-from rstar.server.db import open_database
 from rstar.ui.render import strip_tool_calls
 from tests.conftest import DEFAULT_MODEL_NAME
 from tests.e2e.conftest import ARTIFACTS
-from tests.eval_run_data import insert_eval_run
+from tests.eval_run import write_eval_run
 
 MODEL = DEFAULT_MODEL_NAME
 # The forced tool-call path (continue_final_message with a complete call); the sleep keeps the cell running
@@ -182,8 +182,11 @@ def test_a_stored_conversation_opens(page, live_server):
     assert httpx.get(f"{live_server.base_url}/v1/conversations/{conversation_id}").status_code == 404
 
 
-def test_an_eval_run_drills_down_to_a_sample_trajectory(page, live_server, tmp_path):
-    run_id, _ = insert_eval_run(open_database(live_server.settings.resolved_database_url), tmp_path / "run")
+def test_an_eval_run_drills_down_to_a_sample_trajectory(page, live_server, tmp_path, default_tokenizer):
+    # The runner writes through the server's own database engine; in a thread, as Playwright holds this one's loop.
+    with ThreadPoolExecutor(1) as writer:
+        written = writer.submit(write_eval_run, live_server.app.state.database, tmp_path / "runs", default_tokenizer).result()
+    run_id = written.run_id
     page.get_by_role("tab", name="Evaluations").click()
     page.click("#refresh-runs")
     page.locator("#eval-runs input").click()
@@ -192,17 +195,17 @@ def test_an_eval_run_drills_down_to_a_sample_trajectory(page, live_server, tmp_p
     assert "0.5000" in page.locator("#scores").inner_text()
     page.wait_for_function("document.querySelector('#plot-scores img')?.naturalWidth === 400", timeout=30_000)  # the runner's chart
     assert "Scores, % ± 1 s.e.: aime24 (avg_pass_at_1)" in page.locator("#plot-scores").inner_text()
-    page.locator("#samples").get_by_text("2024-I-1", exact=True).filter(visible=True).first.click()
+    page.locator("#samples").get_by_text(str(written.right_doc["id"]), exact=True).filter(visible=True).first.click()
     page.wait_for_function("document.querySelector('#sample-trajectory').innerText.includes('Grade: ✓ correct')", timeout=30_000)
     shown = page.locator("#sample-trajectory").inner_text()
-    assert "What is the sum of all positive divisors of 360?" in shown
-    assert "Python cell 1 · ✓ ok · 0.02 s" in shown and "1170" in shown
+    assert written.right_doc["problem"].split("$")[0].strip() in shown  # the question up to its first formula, which renders as math
+    assert "Python cell 1 · ✓ ok" in shown and written.code in shown
 
 
 def test_the_training_tab_shows_a_run_its_curves_and_last_step(page, live_server):
     from rstar.rl.runs import RunStore
 
-    store = RunStore(open_database(live_server.settings.resolved_database_url))
+    store = RunStore(live_server.app.state.database)
     store.begin("ui-probe-run", "grpo", "default", {"name": "cpu"}, "problems.jsonl", "/tmp/ui-probe-run", 3)
     for step, reward in ((1, 0.25), (2, 0.5)):
         store.record_step("ui-probe-run", step, "tool-use", {"reward_mean": reward, "solve_rate": 0.5, "tool_call_rate": 1.0, "step_s": 42.0, "rollout_s": 30.0})

@@ -1,8 +1,10 @@
-"""The same migrations and models on a real PostgreSQL server (a throwaway cluster started for the session)."""
+"""The same migrations and models on a real PostgreSQL server (a throwaway cluster started for the module), and
+the API storing and exporting real trajectories there."""
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -11,7 +13,10 @@ import tempfile
 import pytest
 from sqlalchemy import inspect, select
 
-from rstar.server.db import Conversation, EvalRun, EvalSample, Message, current_revision, head_revisions, make_engine, open_database
+from rstar.sandbox.clients import LocalClient
+from rstar.server.db import Conversation, EvalRun, EvalSample, Message, StoredTrajectory, close_database, current_revision, head_revisions, make_engine, open_database
+from tests.unit.api_server import make_server  # noqa: F401 (fixture)
+from tests.unit.test_api_tools import QUESTION, TOOL_TURNS
 
 PORT = 54329
 
@@ -61,3 +66,30 @@ def test_migrations_and_round_trip_on_postgresql(postgres_url):
     with sessions() as session:
         assert session.scalars(select(Message.extra)).one() == {"k": [1, 2]}
         assert session.scalars(select(EvalSample.grade)).one() == {"answer": "25"}
+
+
+def test_the_api_stores_and_exports_trajectories_on_postgresql(postgres_url, make_server):
+    """A chat answer that ran a cell in the real sandbox: its trajectory goes into PostgreSQL, the JSONL export
+    reads it back as stored, and deleting the conversation takes its trajectories with it."""
+    client, http, _, _ = make_server(replies=TOOL_TURNS, sandbox=LocalClient(), database_url=postgres_url)
+    conversation_id = client.chat.completions.create(model="scripted", messages=QUESTION, logprobs=True).conversation_id
+    exported = [json.loads(line) for line in http.get("/v1/conversations/export.jsonl").text.splitlines()]
+    [record] = [line for line in exported if line["conversation_id"] == conversation_id]
+    assert record["tool_calls"][0]["stdout"] == "42\n" and record["tool_calls"][0]["exec_status"] == "ok"  # the sandbox ran print(6*7)
+    assert record["messages"] == QUESTION and record["stop_reason"] == "stop" and len(record["turns"]) == 2
+    assert len(record["response_ids"]) == len(record["response_mask"]) == len(record["logprobs"]) and {0, 1} <= set(record["response_mask"])
+
+    sessions = open_database(postgres_url)
+    try:
+        with sessions() as session:
+            row = session.scalars(select(StoredTrajectory).where(StoredTrajectory.conversation_id == conversation_id)).one()
+            assert (row.num_turns, row.num_tool_calls, row.stop_reason) == (2, 1, "stop")
+            # Token ids, the mask and float logprobs come back from PostgreSQL's JSON as they went in.
+            assert {key: row.trajectory[key] for key in ("prompt_ids", "response_ids", "response_mask", "logprobs")} == {
+                key: record[key] for key in ("prompt_ids", "response_ids", "response_mask", "logprobs")
+            }
+        assert http.delete(f"/v1/conversations/{conversation_id}").json()["deleted"] is True
+        with sessions() as session:
+            assert session.scalars(select(StoredTrajectory).where(StoredTrajectory.conversation_id == conversation_id)).all() == []
+    finally:
+        close_database(sessions)

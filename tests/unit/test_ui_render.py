@@ -1,7 +1,14 @@
-"""The UI's pure rendering: code cells, streamed turns, stored conversations, eval trajectories, score tables."""
+"""The UI's pure rendering: code cells, streamed turns, stored conversations, eval trajectories, score tables.
+
+Eval samples are the ones the eval runner wrote (tests/eval_run.py), read through the eval endpoints as the
+UI's client reads them."""
 
 from __future__ import annotations
 
+import pytest
+from fastapi.testclient import TestClient
+
+from rstar.server.db import close_database, open_database
 from rstar.ui.render import (
     AssistantTurn,
     cell_markdown,
@@ -14,7 +21,30 @@ from rstar.ui.render import (
     trajectory_turn,
     turn_messages,
 )
-from tests.eval_run_data import SUMMARY, TRAJECTORY
+from tests.eval_run import eval_routes_app, write_eval_run
+
+# The runner's summary shape (`rstar.evals.runner.summarize`) for one benchmark, cut to a few metrics.
+SUMMARY = {"aime24": {"primary_metric": "avg_pass_at_1", "score": 0.5, "stderr": 0.5, "samples": 2, "expected_samples": 2, "docs": 2}}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory, default_tokenizer):
+    """(what the runner wrote, its samples by doc id as `GET /v1/evals/runs/{id}/samples/{id}` returns them)."""
+    root = tmp_path_factory.mktemp("evals")
+    sessions = open_database(f"sqlite:///{root / 'rstar.db'}")
+    run = write_eval_run(sessions, root / "runs", default_tokenizer)
+    client = TestClient(eval_routes_app(sessions))
+    listed = client.get(f"/v1/evals/runs/{run.run_id}/samples").json()["data"]
+    samples = {s["doc_id"]: client.get(f"/v1/evals/runs/{run.run_id}/samples/{s['id']}").json() for s in listed}
+    close_database(sessions)
+    return run, samples
+
+
+@pytest.fixture(scope="module")
+def trajectory(written):
+    """The right answer's trajectory: a turn that calls the python tool, then a turn that answers."""
+    run, samples = written
+    return samples[str(run.right_doc["id"])]["trajectory"]
 
 RUNNING = {"index": 0, "name": "python_code_with_standard_io", "code": "print(6*7)", "status": "running", "stdout": "", "stderr": "", "duration_s": None}
 DONE = {**RUNNING, "status": "ok", "stdout": "42\n", "duration_s": 0.031}
@@ -94,39 +124,44 @@ def test_a_stored_conversation_renders_reasoning_cells_then_the_answer():
     assert shown[0] == {"role": "user", "content": "6*7?"} and "print(6*7)" in shown[2]["content"] and shown[3]["content"] == "42"
 
 
-def test_a_trajectory_becomes_reasoning_cell_reasoning_answer():
-    turn = trajectory_turn(TRAJECTORY)
+def test_a_trajectory_becomes_reasoning_cell_reasoning_answer(written, trajectory):
+    run, _ = written
+    answer = run.right_doc["answer"]
+    turn = trajectory_turn(trajectory)
     kinds = [kind for kind, _ in turn.segments]
     assert kinds == ["reasoning", "cell", "reasoning", "answer"]
-    assert turn.segments[0][1].startswith("I will add") and "<reason>" not in turn.reasoning
+    assert turn.segments[0][1].startswith("I will check the value") and "<reason>" not in turn.reasoning
     cell = turn.segments[1][1]
-    assert cell["status"] == "ok" and cell["stdout"] == "1170\n" and "360 % d" in cell["code"] and cell["duration_s"] == 0.021
-    assert turn.content.strip() == "The answer is $\\boxed{1170}$."
+    assert cell["status"] == "ok" and cell["stdout"] == f"{answer}\n" and cell["code"] == run.code and cell["duration_s"] > 0
+    assert turn.content.strip() == f"<answer>\\boxed{{{answer}}}</answer>"
 
 
-def test_failed_and_undecodable_calls_get_their_status():
-    failed = {**TRAJECTORY["tool_calls"][0], "success": False, "exec_status": "timeout", "stdout": ""}
-    undecodable = {**TRAJECTORY["tool_calls"][0], "success": None, "exec_status": None, "arguments": None, "raw": "{oops", "response": "Tool call failure: bad JSON"}
-    turn = trajectory_turn({**TRAJECTORY, "tool_calls": [failed]})
+def test_failed_and_undecodable_calls_get_their_status(trajectory):
+    failed = {**trajectory["tool_calls"][0], "success": False, "exec_status": "timeout", "stdout": ""}
+    undecodable = {**trajectory["tool_calls"][0], "success": None, "exec_status": None, "arguments": None, "raw": "{oops", "response": "Tool call failure: bad JSON"}
+    turn = trajectory_turn({**trajectory, "tool_calls": [failed]})
     assert turn.segments[1][1]["status"] == "timeout"
-    cell = trajectory_turn({**TRAJECTORY, "tool_calls": [undecodable]}).segments[1][1]
+    cell = trajectory_turn({**trajectory, "tool_calls": [undecodable]}).segments[1][1]
     assert (cell["status"], cell["code"], cell["stderr"]) == ("invalid_input", "{oops", "Tool call failure: bad JSON")
 
 
-def test_a_forced_call_from_the_prompt_comes_before_the_first_turn():
-    forced = {**TRAJECTORY["tool_calls"][0], "turn": -1}
-    turn = trajectory_turn({**TRAJECTORY, "tool_calls": [forced]})
+def test_a_forced_call_from_the_prompt_comes_before_the_first_turn(trajectory):
+    forced = {**trajectory["tool_calls"][0], "turn": -1}
+    turn = trajectory_turn({**trajectory, "tool_calls": [forced]})
     assert [kind for kind, _ in turn.segments] == ["cell", "reasoning", "answer"]
 
 
-def test_sample_drill_down_shows_prompt_trajectory_and_grade():
-    sample = {"score": 1.0, "grade": {"extracted": "1170"}, "request": {"messages": [{"role": "user", "content": "Q?"}]}, "trajectory": TRAJECTORY, "response": "x"}
-    shown = sample_messages(sample)
-    assert shown[0] == {"role": "user", "content": "Q?"}
-    assert any("Python cell 1" in m["content"] for m in shown)
-    assert shown[-1]["content"].startswith("**Grade: ✓ correct**") and '"extracted": "1170"' in shown[-1]["content"]
-    wrong = sample_messages({**sample, "score": 0.0, "trajectory": None, "response": "The answer is 12."})
-    assert wrong[1]["content"] == "The answer is 12." and "✗ wrong" in wrong[-1]["content"]
+def test_sample_drill_down_shows_prompt_trajectory_and_grade(written):
+    run, samples = written
+    shown = sample_messages(samples[str(run.right_doc["id"])])
+    assert shown[0] == {"role": "user", "content": run.right_doc["problem"]}
+    assert any("Python cell 1 · ✓ ok" in m["content"] for m in shown)
+    assert shown[-1]["content"].startswith("**Grade: ✓ correct**") and f'"predicted": "{run.right_doc["answer"]}"' in shown[-1]["content"]
+    wrong = sample_messages(samples[str(run.wrong_doc["id"])])
+    assert "✗ wrong" in wrong[-1]["content"] and not any("Python cell" in m["content"] for m in wrong)
+    # A sample stored without a trajectory shows its response instead.
+    bare = sample_messages({**samples[str(run.wrong_doc["id"])], "trajectory": None, "response": "The answer is 12."})
+    assert bare[1]["content"] == "The answer is 12."
 
 
 def test_scores_table_unions_metrics_across_benchmarks():
