@@ -20,7 +20,7 @@ from rstar.server.engine import SamplingOptions
 from rstar.server.errors import APIError
 from rstar.server.metrics import SANDBOX_FAILURES, ServerMetrics
 from rstar.server.schemas import CodeCell
-from rstar.server.serving_base import ServingBase, merge, per_choice, refusals_as_client_errors
+from rstar.server.serving_base import ServingBase, merge, per_choice
 from rstar.server.tool_calls import CALL_CLOSE, CALL_OPEN, TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
 from rstar.server.tool_results import ToolProtocol, protocol_max_tool_response_chars
 from rstar.server.trajectory import ToolCallRecord, Trajectory
@@ -158,8 +158,8 @@ class AgentServing(ServingBase):
             )
             for i, sampling in enumerate(plan.sampling)
         ]
-        events = refusals_as_client_errors(merge(streams), generated=lambda: any(answer.sampled_tokens for answer in answers))
-        async with contextlib.aclosing(self.within_deadline(events)) as timed:
+        events = self.guarded(merge(streams), generated=lambda: any(answer.sampled_tokens for answer in answers))
+        async with contextlib.aclosing(events) as timed:
             async for index, event in timed:
                 answer = answers[index]
                 pieces = answer.apply(event)

@@ -100,11 +100,12 @@ class ServingBase:
         await self.serving.admission.acquire(slots)
         return AdmittedStream(self.serving.admission, slots, events)
 
-    def within_deadline(self, events: AsyncIterator[T]) -> AsyncIterator[T]:
-        """`events` until the server's request timeout, counted from now; then RequestTimeout (504). Streamed
-        and whole answers both pass their generations through here."""
+    def guarded(self, events: AsyncIterator[T], generated: Callable[[], bool]) -> AsyncIterator[T]:
+        """A request's generation events, streamed or whole: until the server's request timeout counted from
+        now (then RequestTimeout, 504), and with input the engine refuses before anything was `generated()`
+        answered as the client's 400."""
         timeout = self.serving.settings.api.request_timeout_s
-        return with_deadline(events, timeout)
+        return with_deadline(refusals_as_client_errors(events, generated), timeout)
 
     def decoded_logprobs(self, delta: TokenDelta) -> list[DecodedLogprob]:
         return decode_logprobs(self.serving.engine.tokenizer.decode, delta)

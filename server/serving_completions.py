@@ -21,7 +21,7 @@ from rstar.server.schemas import (
     Usage,
     new_id,
 )
-from rstar.server.serving_base import SSE_DONE, Serving, ServingBase, merge, per_choice, refusals_as_client_errors, request_messages, sse
+from rstar.server.serving_base import SSE_DONE, Serving, ServingBase, merge, per_choice, request_messages, sse
 
 
 @dataclass
@@ -62,7 +62,7 @@ class CompletionService(ServingBase):
         """Every choice's generation, merged, until the request's deadline."""
         engine = self.serving.engine
         merged = merge([engine.generate(prompt_ids, opts, f"{request_id}-{i}") for i, opts in enumerate(options)])
-        return self.within_deadline(refusals_as_client_errors(merged, generated=lambda: any(choice.token_ids for choice in choices)))
+        return self.guarded(merged, generated=lambda: any(choice.token_ids for choice in choices))
 
     def _accumulate(self, choice: _Choice, delta: TokenDelta, received_at: float) -> str:
         if not choice.token_ids and delta.token_ids:
