@@ -380,7 +380,9 @@ class InProcessChatClient:
         )
         sampling = SamplingOptions(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p, seed=params.seed)
         template = self.template(params.template)
-        trajectory = await run_trajectory(self.engine, template, messages, listed, sampling, self.executor, config)
+        # `tool_timeout` bounds each execution as the server's does; it needs a SandboxExecutor (with_timeout).
+        executor = self.executor if params.tool_timeout is None else self.executor.with_timeout(params.tool_timeout)
+        trajectory = await run_trajectory(self.engine, template, messages, listed, sampling, executor, config)
         text = trajectory.turns[-1].text if trajectory.turns else ""
         calls = []
         if tools:

@@ -126,6 +126,7 @@ async def run_agent(
     config: LoopConfig = LoopConfig(),
     request_id: str | None = None,
     continue_final_message: bool = False,
+    prompt_ids: Sequence[int] | None = None,
 ) -> AsyncIterator[LoopEvent]:
     """Run one trajectory; the last event is Done(trajectory).
 
@@ -137,10 +138,14 @@ async def run_agent(
     extends it, and its calls are parsed over the message's text and the sampled text together. Text of
     the given message is not sent again as events; its tool-call events are, so a call it starts reaches
     the client whole.
+    prompt_ids: `messages` and `tools` as the template encodes them, when the caller already has them (the
+    API encodes a prompt once, to check it fits the context window); encoded here otherwise.
     """
     request_id = request_id or uuid.uuid4().hex
     prefix = content_text(messages[-1].get("content")) if continue_final_message else None
-    if continue_final_message:
+    if prompt_ids is not None:
+        prompt_ids = list(prompt_ids)
+    elif continue_final_message:
         prompt_ids = template.encode_continuation(messages, tools)
     else:
         prompt_ids = template.encode(messages, tools, add_generation_prompt=True)

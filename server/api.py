@@ -31,7 +31,7 @@ from rstar.server.model_store import default_tool_protocol
 from rstar.server.routes_evals import evals_router
 from rstar.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard, ModelList, TokenizeRequest
 from rstar.server.schemas_responses import ResponsesRequest
-from rstar.server.serving_agent import Serving
+from rstar.server.serving_base import Serving, sse
 from rstar.server.serving_chat import ChatService
 from rstar.server.serving_completions import CompletionService, detokenize, tokenize
 from rstar.server.serving_responses import ResponsesService
@@ -242,4 +242,4 @@ async def _guard_stream(events: AsyncIterator[str], metrics: ServerMetrics) -> A
 
 def sse_error(message: str, status: int) -> str:
     """An error after the stream began: OpenAI clients read an `error` event and raise."""
-    return f"data: {json.dumps(error_body(status, message))}\n\n"
+    return sse(json.dumps(error_body(status, message)))

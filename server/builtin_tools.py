@@ -106,6 +106,10 @@ class SandboxExecutor:
         self.client = client
         self.timeout_s = timeout_s  # None: the sandbox's default
 
+    def with_timeout(self, timeout_s: float | None) -> "SandboxExecutor":
+        """The same sandbox with another limit per execution (a request's `tool_timeout`)."""
+        return SandboxExecutor(self.client, timeout_s)
+
     async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str], protocol: ToolProtocol = "improved") -> ExecResult:
         stdin_or_none = None if tool == JUPYTER_TOOL else stdin
         request = RunRequest(tool=tool, code=code, input=stdin_or_none, history=list(replay), timeout_s=self.timeout_s, protocol=protocol)

@@ -267,17 +267,24 @@ class VllmEngine:
         )
 
     async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions, request_id: str | None = None) -> AsyncIterator[TokenDelta]:
-        """Stream one sequence. Closing the iterator early (client gone, task cancelled) aborts the request."""
+        """Stream one sequence. Closing the iterator early (client gone, task cancelled) aborts the request.
+        Input vLLM refuses raises ValueError before the first delta, as older vLLM releases raised it (newer
+        ones raise their VLLMClientError for some checks), so the API can answer it as the client's 400."""
         from vllm.inputs import TokensPrompt
 
+        try:
+            from vllm.exceptions import VLLMClientError as Refused
+        except ImportError:  # releases before it raise ValueError only
+            Refused = ValueError
         if self._failed:
             raise EngineFailed(self._failed)
         request_id = request_id or uuid.uuid4().hex
-        finished = False
-        stream = self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), self._sampling_params(options), request_id)
+        finished = started = False
         try:
+            stream = self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), self._sampling_params(options), request_id)
             async with contextlib.aclosing(stream):
                 async for output in stream:
+                    started = True
                     completion = output.outputs[0]
                     finished = output.finished
                     yield TokenDelta(
@@ -290,6 +297,10 @@ class VllmEngine:
                         stop_reason=completion.stop_reason if finished else None,
                         num_prompt_tokens=len(output.prompt_token_ids or ()),
                     )
+        except Refused as exc:
+            if started or isinstance(exc, ValueError):
+                raise
+            raise ValueError(str(exc)) from exc
         finally:
             if not finished:
                 await self.llm.abort(request_id)

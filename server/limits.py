@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
@@ -106,12 +105,14 @@ class AdmittedStream:
                 await self.admission.release(self.slots)
 
 
-async def with_deadline(events: AsyncIterator[T], deadline: float, timeout_s: float) -> AsyncIterator[T]:
-    """Pass `events` through until the monotonic `deadline`; then close them and raise RequestTimeout."""
+async def with_deadline(events: AsyncIterator[T], timeout_s: float) -> AsyncIterator[T]:
+    """Pass `events` through until `timeout_s` after the first one was asked for; then close them and raise
+    RequestTimeout. One deadline for the whole run, so time the consumer spends between events counts too."""
     async with contextlib.aclosing(events):
+        deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             try:
-                async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(deadline - time.monotonic(), 0)):
+                async with asyncio.timeout_at(deadline):
                     item = await anext(events)
             except StopAsyncIteration:
                 return

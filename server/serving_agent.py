@@ -1,11 +1,10 @@
-"""What the generating endpoints share: the server's state (`Serving`), turning a request's messages, tools
-and options into agent-loop runs (`plan_agent`, `run_choices`), and folding loop events into one answer
-per choice (`Answer`), which chat completions and responses then put on the wire in their own shapes.
+"""Turning a chat request's messages, tools and options into agent-loop runs (`plan_agent`, `run_choices`),
+and folding loop events into one answer per choice (`Answer`), which chat completions and responses then
+put on the wire in their own shapes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -14,73 +13,17 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstar.config import Settings
-from rstar.sandbox.clients import SandboxClient
 from rstar.server.agent_loop import Done, LoopConfig, LoopEvent, TokensSampled, ToolExecutionStarted, ToolResult, TurnStarted, run_agent
 from rstar.server.builtin_tools import BUILTIN_TOOLS, PYTHON_TOOL, SandboxExecutor, builtin_tool_schemas
-from rstar.server.chat_template import ChatTemplate, choose_template, content_text
-from rstar.server.conversations import ConversationStore
-from rstar.server.engine import SamplingOptions, TokenEngine
+from rstar.server.chat_template import ChatTemplate, content_text
+from rstar.server.engine import SamplingOptions
 from rstar.server.errors import APIError
-from rstar.server.limits import Admission
 from rstar.server.metrics import SANDBOX_FAILURES, ServerMetrics
 from rstar.server.schemas import CodeCell
+from rstar.server.serving_base import ServingBase, merge, per_choice
 from rstar.server.tool_calls import CALL_CLOSE, CALL_OPEN, TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
 from rstar.server.tool_results import ToolProtocol, protocol_max_tool_response_chars
 from rstar.server.trajectory import ToolCallRecord, Trajectory
-
-
-@dataclass
-class Serving:
-    """The server's long-lived parts, built once in the app's lifespan and shared by every endpoint."""
-
-    engine: TokenEngine
-    template: ChatTemplate  # the server's choice for its model
-    sandbox: SandboxClient
-    model_names: set[str]
-    store: ConversationStore | None
-    settings: Settings
-    metrics: ServerMetrics
-    admission: Admission
-    tool_protocol: ToolProtocol  # the server's choice for its model; a request may pick the other
-
-    templates: dict[str, ChatTemplate] = field(default_factory=dict)  # per-request choices, built once each
-
-    def template_for(self, kind: str | None, variables: Mapping[str, Any] | None = None) -> ChatTemplate:
-        """The template a request asked for ("rstar" or "model"), or the server's own choice, rendering with
-        the request's `chat_template_kwargs`."""
-        if kind is None:
-            template = self.template
-        elif kind in self.templates:
-            template = self.templates[kind]
-        else:
-            try:
-                template = self.templates[kind] = choose_template(self.engine.tokenizer, min(self.model_names), kind)
-            except ValueError as exc:  # a model without a template of its own
-                raise APIError(400, str(exc), "chat_template") from exc
-        if not variables:
-            return template
-        try:
-            return template.with_variables(variables)
-        except ValueError as exc:
-            raise APIError(400, str(exc), "chat_template_kwargs") from exc
-
-    def check_model(self, name: str) -> None:
-        if name not in self.model_names:
-            raise APIError(404, f"The model `{name}` does not exist. Available: {', '.join(sorted(self.model_names))}.", "model", "model_not_found")
-
-    def context_error(self, prompt_len: int, asked: int | None) -> APIError:
-        extra = f" plus {asked} completion tokens" if asked else ""
-        return APIError(
-            400,
-            f"This model's maximum context length is {self.engine.max_model_len} tokens. However, your request has "
-            f"{prompt_len} input tokens{extra}. Please reduce the length of the messages or the completion.",
-            "messages",
-            "context_length_exceeded",
-        )
-
-    def store_requested(self, store: bool | None) -> bool:
-        return self.store is not None and (self.settings.store_conversations if store is None else store)
 
 
 @dataclass
@@ -93,13 +36,18 @@ class AgentPlan:
     config: LoopConfig
     sampling: list[SamplingOptions]  # one per choice
     continue_final_message: bool
-    prompt_len: int
+    prompt_ids: list[int]  # encoded once, here; the loop starts from them
     executor: SandboxExecutor
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
 
 
 @dataclass(frozen=True)
-class Limits:
-    """The sampling and loop options common to chat completions and responses."""
+class AgentSamplingOptions:
+    """What a chat completion or a response asks of its sampling and of the agent loop, before the
+    server's limits and the context window are applied (`AgentServing.plan`)."""
 
     n: int = 1
     max_tokens: int | None = None
@@ -127,76 +75,99 @@ def forced_call_prefix(tool_choice: Any) -> str | None:
     return None
 
 
-def plan_agent(
-    serving: Serving,
-    messages: Sequence[Mapping],
-    client_tools: Sequence[Mapping],
-    tool_choice: Any,
-    builtin_tools: bool,
-    limits: Limits,
-    continue_final_message: bool = False,
-) -> AgentPlan:
-    """Validate a request against the server's limits and the context window (APIError 400 when it does not fit)."""
-    settings = serving.settings.api
-    template = serving.template_for(limits.chat_template, limits.chat_template_kwargs)
-    messages = [dict(message) for message in messages]
-    offered = [] if tool_choice == "none" else [dict(tool) for tool in client_tools]
-    builtin = builtin_tool_schemas([PYTHON_TOOL]) if builtin_tools else []
-    prefix = forced_call_prefix(tool_choice)
-    if prefix is not None:
-        if continue_final_message:
-            messages[-1]["content"] = content_text(messages[-1].get("content")) + prefix
-        else:
-            messages.append({"role": "assistant", "content": template.generation_prefix + prefix})
-        continue_final_message = True
-    max_turns = limits.max_turns or settings.max_turns
-    if max_turns > settings.max_turns_limit:
-        raise APIError(400, f"max_turns may be at most {settings.max_turns_limit}", "max_turns")
-    tools = builtin + offered
-    try:
-        if continue_final_message:
-            prompt_ids = template.encode_continuation(messages, tools)
-        else:
-            prompt_ids = template.encode(messages, tools)
-    except Exception as exc:  # a template that cannot render these messages (roles, order)
-        raise APIError(400, f"the chat template cannot render these messages: {exc}", "messages") from exc
-    room = serving.engine.max_model_len - len(prompt_ids)
-    if room <= 0 or (limits.max_tokens is not None and limits.max_tokens > room):
-        raise serving.context_error(len(prompt_ids), limits.max_tokens)
-    client_names = frozenset(tool["function"]["name"] for tool in offered)
-    protocol = limits.tool_protocol or serving.tool_protocol
-    cut = settings.max_tool_response_chars
-    config = LoopConfig(
-        max_turns=max_turns,
-        max_response_tokens=limits.max_tokens,
-        # One built-in call per turn under both protocols, as released (verl's max_parallel_calls=1); the
-        # released loop had no client tools, so clients may get parallel calls of their own tools.
-        max_parallel_calls=16 if client_names else 1,
-        tool_protocol=protocol,
-        max_tool_response_chars=protocol_max_tool_response_chars(protocol) if cut is None else cut or None,
-        client_tools=client_names,
-        builtin_tools=frozenset(BUILTIN_TOOLS) if builtin_tools else frozenset(),
-        token_events=True,
-        # Logprobs cost the engine a log-softmax per step and its frontend Python objects per token
-        # (server_bench, 32 streams on 2 noisy cores: 0.73 of vLLM's throughput with them, 0.91 without),
-        # so they are computed only when asked for; stored trajectories then carry logprobs null.
-        logprobs=limits.logprobs,
-        top_logprobs=limits.top_logprobs if limits.logprobs else 0,
-    )
-    sampling = [
-        SamplingOptions(
-            max_tokens=room,
-            temperature=limits.temperature,
-            top_p=limits.top_p,
-            top_k=max(limits.top_k, 0),
-            # Distinct seeds per choice, so n > 1 with a seed gives n different but reproducible samples.
-            seed=None if limits.seed is None else limits.seed + choice,
-            stop=limits.stop,
+class AgentServing(ServingBase):
+    """The base of the endpoints that answer through the agent loop (chat completions, responses)."""
+
+    def plan(
+        self,
+        messages: Sequence[Mapping],
+        client_tools: Sequence[Mapping],
+        tool_choice: Any,
+        builtin_tools: bool,
+        options: AgentSamplingOptions,
+        continue_final_message: bool = False,
+    ) -> AgentPlan:
+        """Validate a request against the server's limits and the context window (APIError 400 when it does
+        not fit), and encode its prompt, once."""
+        serving = self.serving
+        settings = serving.settings.api
+        template = serving.template_for(options.chat_template, options.chat_template_kwargs)
+        messages = [dict(message) for message in messages]
+        offered = [] if tool_choice == "none" else [dict(tool) for tool in client_tools]
+        builtin = builtin_tool_schemas([PYTHON_TOOL]) if builtin_tools else []
+        prefix = forced_call_prefix(tool_choice)
+        if prefix is not None:
+            if continue_final_message:
+                messages[-1]["content"] = content_text(messages[-1].get("content")) + prefix
+            else:
+                messages.append({"role": "assistant", "content": template.generation_prefix + prefix})
+            continue_final_message = True
+        max_turns = options.max_turns or settings.max_turns
+        if max_turns > settings.max_turns_limit:
+            raise APIError(400, f"max_turns may be at most {settings.max_turns_limit}", "max_turns")
+        tools = builtin + offered
+        try:
+            if continue_final_message:
+                prompt_ids = template.encode_continuation(messages, tools)
+            else:
+                prompt_ids = template.encode(messages, tools)
+        except Exception as exc:  # a template that cannot render these messages (roles, order)
+            raise APIError(400, f"the chat template cannot render these messages: {exc}", "messages") from exc
+        room = self.context_room(len(prompt_ids), options.max_tokens)
+        client_names = frozenset(tool["function"]["name"] for tool in offered)
+        protocol = options.tool_protocol or serving.tool_protocol
+        cut = settings.max_tool_response_chars
+        config = LoopConfig(
+            max_turns=max_turns,
+            max_response_tokens=options.max_tokens,
+            # One built-in call per turn under both protocols, as released (verl's max_parallel_calls=1); the
+            # released loop had no client tools, so clients may get parallel calls of their own tools.
+            max_parallel_calls=16 if client_names else 1,
+            tool_protocol=protocol,
+            max_tool_response_chars=protocol_max_tool_response_chars(protocol) if cut is None else cut or None,
+            client_tools=client_names,
+            builtin_tools=frozenset(BUILTIN_TOOLS) if builtin_tools else frozenset(),
+            token_events=True,
+            # Logprobs cost the engine a log-softmax per step and its frontend Python objects per token, so
+            # they are computed only when asked for; stored trajectories then carry logprobs null.
+            logprobs=options.logprobs,
+            top_logprobs=options.top_logprobs if options.logprobs else 0,
         )
-        for choice in range(limits.n)
-    ]
-    executor = SandboxExecutor(serving.sandbox, limits.tool_timeout)
-    return AgentPlan(template, messages, tools, config, sampling, continue_final_message, len(prompt_ids), executor)
+        sampling = SamplingOptions(max_tokens=room, temperature=options.temperature, top_p=options.top_p, top_k=max(options.top_k, 0), seed=options.seed, stop=options.stop)
+        executor = SandboxExecutor(serving.sandbox, options.tool_timeout)
+        return AgentPlan(template, messages, tools, config, per_choice(sampling, options.n), continue_final_message, prompt_ids, executor)
+
+    async def run_choices(self, plan: AgentPlan, request_id: str, received_at: float) -> AsyncIterator[tuple[Answer, list[Any]]]:
+        """Run every choice's loop concurrently, yielding (answer, stream pieces) as events arrive, until the
+        request's deadline; the caller holds the admission slots. Closing this iterator closes every loop,
+        which aborts its engine request and cancels its sandbox jobs."""
+        serving = self.serving
+        answers = [Answer(i, plan.config.client_tools, bool(plan.config.builtin_tools or plan.config.client_tools)) for i in range(len(plan.sampling))]
+        streams = [
+            run_agent(
+                serving.engine,
+                plan.template,
+                plan.messages,
+                plan.tools,
+                sampling,
+                plan.executor,
+                plan.config,
+                request_id=f"{request_id}-{i}",
+                continue_final_message=plan.continue_final_message,
+                prompt_ids=plan.prompt_ids,
+            )
+            for i, sampling in enumerate(plan.sampling)
+        ]
+        events = self.guarded(merge(streams), generated=lambda: any(answer.sampled_tokens for answer in answers))
+        async with contextlib.aclosing(events) as timed:
+            async for index, event in timed:
+                answer = answers[index]
+                pieces = answer.apply(event)
+                if isinstance(event, ToolResult):
+                    _count_tool_call(serving.metrics, event.record)
+                if isinstance(event, Done):
+                    _count_tokens(serving.metrics, answer, plan.prompt_len, received_at)
+                yield answer, pieces
 
 
 @dataclass
@@ -298,35 +269,6 @@ def finished_cell(record: ToolCallRecord) -> CodeCell | None:
     )
 
 
-async def run_choices(serving: Serving, plan: AgentPlan, request_id: str, received_at: float) -> AsyncIterator[tuple[Answer, list[Any]]]:
-    """Run every choice's loop concurrently, yielding (answer, stream pieces) as events arrive; the caller
-    holds the admission slots. Closing this iterator closes every loop, which aborts its engine request
-    and cancels its sandbox jobs."""
-    answers = [Answer(i, plan.config.client_tools, bool(plan.config.builtin_tools or plan.config.client_tools)) for i in range(len(plan.sampling))]
-    streams = [
-        run_agent(
-            serving.engine,
-            plan.template,
-            plan.messages,
-            plan.tools,
-            sampling,
-            plan.executor,
-            plan.config,
-            request_id=f"{request_id}-{i}",
-            continue_final_message=plan.continue_final_message,
-        )
-        for i, sampling in enumerate(plan.sampling)
-    ]
-    async for index, event in merge(streams):
-        answer = answers[index]
-        pieces = answer.apply(event)
-        if isinstance(event, ToolResult):
-            _count_tool_call(serving.metrics, event.record)
-        if isinstance(event, Done):
-            _count_tokens(serving.metrics, answer, plan.prompt_len, received_at)
-        yield answer, pieces
-
-
 def _count_tool_call(metrics: ServerMetrics, record: ToolCallRecord) -> None:
     if record.response is None:
         return
@@ -346,49 +288,3 @@ def _count_tokens(metrics: ServerMetrics, answer: Answer, prompt_len: int, recei
     metrics.tool_tokens.inc(len(trajectory.response_ids) - trajectory.num_sampled_tokens)
     if answer.first_token_at is not None:
         metrics.time_to_first_token.observe(answer.first_token_at - received_at)
-
-
-async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, Any]]:
-    """Interleave several event streams as their events arrive, tagged with their index.
-
-    Closing the merged iterator cancels the pumps, which closes every stream. The queue holds at most a
-    few events per stream: a pump waits while its events are not taken.
-    """
-    if len(streams) == 1:
-        async with contextlib.aclosing(streams[0]) as stream:
-            async for event in stream:
-                yield 0, event
-        return
-    queue: asyncio.Queue = asyncio.Queue(maxsize=len(streams))
-    done = object()
-
-    async def pump(index: int, stream: AsyncIterator) -> None:
-        try:
-            async with contextlib.aclosing(stream):
-                async for event in stream:
-                    await queue.put((index, event))
-        except Exception as exc:  # handed to the consumer, which raises it
-            await queue.put((index, exc))
-            return
-        await queue.put((index, done))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    remaining = len(tasks)
-    try:
-        while remaining:
-            index, item = await queue.get()
-            if item is done:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def request_messages(messages: Sequence[Any]) -> list[dict]:
-    """Pydantic chat messages as the plain dicts the template and the loop take (unset fields left out)."""
-    return [message.model_dump(exclude_none=True) for message in messages]

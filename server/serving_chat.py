@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 from rstar.server.agent_loop import TokensSampled
 from rstar.server.errors import APIError
-from rstar.server.limits import AdmittedStream, RequestTimeout, with_deadline
+from rstar.server.limits import AdmittedStream
 from rstar.server.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -36,23 +36,21 @@ from rstar.server.schemas import (
     new_id,
     weights_fingerprint,
 )
-from rstar.server.serving_agent import AgentPlan, Answer, Limits, Serving, plan_agent, request_messages, run_choices
+from rstar.server.serving_agent import AgentPlan, AgentSamplingOptions, AgentServing, Answer
+from rstar.server.serving_base import SSE_DONE, request_messages, sse
 from rstar.server.tool_calls import TextDelta, ToolCallArgumentsDelta, ToolCallStarted
 
 log = logging.getLogger("rstar.server")
 
 
-class ChatService:
-    def __init__(self, serving: Serving):
-        self.serving = serving
-
-    async def plan(self, request: ChatCompletionRequest) -> AgentPlan:
+class ChatService(AgentServing):
+    async def plan_request(self, request: ChatCompletionRequest) -> AgentPlan:
         serving = self.serving
         serving.check_model(request.model)
         store = serving.store
         if request.conversation_id is not None and store is not None and not await asyncio.to_thread(store.exists, request.conversation_id):
             raise APIError(404, f"No conversation with id {request.conversation_id!r}.", "conversation_id", "conversation_not_found")
-        limits = Limits(
+        options = AgentSamplingOptions(
             n=request.n,
             max_tokens=request.token_limit,
             temperature=request.temperature,
@@ -70,27 +68,20 @@ class ChatService:
         )
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
         tool_choice = request.tool_choice.model_dump() if hasattr(request.tool_choice, "model_dump") else request.tool_choice
-        return plan_agent(
-            serving, request_messages(request.messages), tools, tool_choice, request.builtin_tools, limits, request.continue_final_message
-        )
+        return self.plan(request_messages(request.messages), tools, tool_choice, request.builtin_tools, options, request.continue_final_message)
 
     # -- non-streaming --------------------------------------------------------------------------------
 
     async def complete(self, request: ChatCompletionRequest, received_at: float) -> ChatCompletion:
-        plan = await self.plan(request)
+        plan = await self.plan_request(request)
         serving = self.serving
         logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in range(request.n)}
         answers: dict[int, Answer] = {}
-        timeout = serving.settings.api.request_timeout_s
-        async with serving.admission.slots(request.n):
-            try:
-                async with asyncio.timeout(timeout):
-                    async for answer, pieces in run_choices(serving, plan, new_id("chatcmpl"), received_at):
-                        answers[answer.index] = answer
-                        if request.logprobs:
-                            logprobs[answer.index] += [e for p in pieces if isinstance(p, TokensSampled) for e in self._logprobs(p)]
-            except TimeoutError:
-                raise RequestTimeout(timeout) from None
+        async with serving.admission.slots(request.n), contextlib.aclosing(self.run_choices(plan, new_id("chatcmpl"), received_at)) as events:
+            async for answer, pieces in events:
+                answers[answer.index] = answer
+                if request.logprobs:
+                    logprobs[answer.index] += [e for p in pieces if isinstance(p, TokensSampled) for e in self._logprobs(p)]
         ordered = [answers[i] for i in range(request.n)]
         conversation_id = await self._store(request, ordered, received_at)
         return ChatCompletion(
@@ -117,9 +108,8 @@ class ChatService:
 
     async def stream(self, request: ChatCompletionRequest, received_at: float) -> AdmittedStream:
         """Validate and admit first (errors become HTTP errors, not a broken stream), then stream SSE events."""
-        plan = await self.plan(request)
-        await self.serving.admission.acquire(request.n)
-        return AdmittedStream(self.serving.admission, request.n, self._sse(request, plan, received_at))
+        plan = await self.plan_request(request)
+        return await self.admitted_stream(request.n, self._sse(request, plan, received_at))
 
     async def _sse(self, request: ChatCompletionRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[str]:
         serving = self.serving
@@ -134,7 +124,7 @@ class ChatService:
 
         def event(rows: list[ChunkChoice], usage: Usage | None = None, **top) -> str:
             chunk = ChatCompletionChunk(id=chunk_id, created=created, model=request.model, choices=rows, usage=usage, system_fingerprint=fingerprint, **top)
-            return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+            return sse(chunk.model_dump_json(exclude_none=True))
 
         def logprobs_of(index: int) -> ChoiceLogprobs | None:
             if not request.logprobs or not pending_logprobs[index]:
@@ -145,9 +135,8 @@ class ChatService:
         for index in range(request.n):
             first = {"conversation_id": conversation_id} if index == 0 else {}
             yield event([ChunkChoice(index=index, delta=ChoiceDelta(role="assistant", content=""))], **first)
-        timeout = serving.settings.api.request_timeout_s
         # Closed here, not left to the garbage collector: closing is what aborts the generations.
-        async with contextlib.aclosing(with_deadline(run_choices(serving, plan, chunk_id, received_at), time.monotonic() + timeout, timeout)) as events:
+        async with contextlib.aclosing(self.run_choices(plan, chunk_id, received_at)) as events:
             async for answer, pieces in events:
                 answers[answer.index] = answer
                 for piece in pieces:
@@ -173,29 +162,20 @@ class ChatService:
         await self._store(request, ordered, received_at, conversation_id)
         if request.stream_options and request.stream_options.include_usage:
             yield event([], _usage(plan, ordered))
-        yield "data: [DONE]\n\n"
+        yield SSE_DONE
 
     # -- helpers --------------------------------------------------------------------------------------
 
     def _logprobs(self, sampled: TokensSampled) -> list[TokenLogprob]:
-        delta = sampled.delta
-        if delta.logprobs is None:
-            return []
-        decode = self.serving.engine.tokenizer.decode
-        tops = delta.top_logprobs or [{}] * len(delta.token_ids)
-        entries = []
-        for token_id, logprob, top in zip(delta.token_ids, delta.logprobs, tops):
-            token = decode([token_id])
-            ranked = sorted(top.items(), key=lambda kv: -kv[1])
-            entries.append(
-                TokenLogprob(
-                    token=token,
-                    logprob=logprob,
-                    bytes=list(token.encode()),
-                    top_logprobs=[TopLogprob(token=decode([t]), logprob=lp, bytes=list(decode([t]).encode())) for t, lp in ranked],
-                )
+        return [
+            TokenLogprob(
+                token=entry.token,
+                logprob=entry.logprob,
+                bytes=list(entry.token.encode()),
+                top_logprobs=[TopLogprob(token=text, logprob=lp, bytes=list(text.encode())) for text, lp in entry.top],
             )
-        return entries
+            for entry in self.decoded_logprobs(sampled.delta)
+        ]
 
     async def _store(
         self, request: ChatCompletionRequest, answers: list[Answer], received_at: float, conversation_id: str | None = None

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -11,7 +10,7 @@ from dataclasses import dataclass, field
 
 from rstar.server.engine import SamplingOptions, TokenDelta
 from rstar.server.errors import APIError
-from rstar.server.limits import AdmittedStream, RequestTimeout, with_deadline
+from rstar.server.limits import AdmittedStream
 from rstar.server.schemas import (
     Completion,
     CompletionChoice,
@@ -22,7 +21,7 @@ from rstar.server.schemas import (
     Usage,
     new_id,
 )
-from rstar.server.serving_agent import Serving, merge, request_messages
+from rstar.server.serving_base import SSE_DONE, Serving, ServingBase, merge, per_choice, request_messages, sse
 
 
 @dataclass
@@ -34,10 +33,7 @@ class _Choice:
     finish_reason: str | None = None
 
 
-class CompletionService:
-    def __init__(self, serving: Serving):
-        self.serving = serving
-
+class CompletionService(ServingBase):
     def prepare(self, request: CompletionRequest) -> tuple[list[int], list[SamplingOptions]]:
         serving = self.serving
         serving.check_model(request.model)
@@ -46,30 +42,27 @@ class CompletionService:
             prompt_ids = check_token_ids(serving, request.prompt, "prompt")
         else:
             prompt_ids = tokenizer.encode(request.prompt)
-        room = serving.engine.max_model_len - len(prompt_ids)
-        if room <= 0 or (request.max_tokens is not None and request.max_tokens > room):
-            raise serving.context_error(len(prompt_ids), request.max_tokens)
-        options = [
-            SamplingOptions(
-                max_tokens=request.max_tokens or room,
-                temperature=request.temperature,
-                top_p=request.top_p,
-                top_k=max(request.top_k, 0),
-                seed=None if request.seed is None else request.seed + choice,
-                stop=request.stop_list,
-                stop_token_ids=tuple(request.stop_token_ids or ()),
-                logprobs=request.logprobs,
-                ignore_eos=request.ignore_eos,
-                include_stop_str_in_output=request.include_stop_str_in_output,
-                skip_special_tokens=request.skip_special_tokens,
-            )
-            for choice in range(request.n)
-        ]
-        return prompt_ids, options
+        room = self.context_room(len(prompt_ids), request.max_tokens)
+        options = SamplingOptions(
+            max_tokens=request.max_tokens or room,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=max(request.top_k, 0),
+            seed=request.seed,
+            stop=request.stop_list,
+            stop_token_ids=tuple(request.stop_token_ids or ()),
+            logprobs=request.logprobs,
+            ignore_eos=request.ignore_eos,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            skip_special_tokens=request.skip_special_tokens,
+        )
+        return prompt_ids, per_choice(options, request.n)
 
-    def _generations(self, prompt_ids: list[int], options: list[SamplingOptions], request_id: str) -> AsyncIterator[tuple[int, TokenDelta]]:
+    def _generations(self, prompt_ids: list[int], options: list[SamplingOptions], request_id: str, choices: list[_Choice]) -> AsyncIterator[tuple[int, TokenDelta]]:
+        """Every choice's generation, merged, until the request's deadline."""
         engine = self.serving.engine
-        return merge([engine.generate(prompt_ids, opts, f"{request_id}-{i}") for i, opts in enumerate(options)])
+        merged = merge([engine.generate(prompt_ids, opts, f"{request_id}-{i}") for i, opts in enumerate(options)])
+        return self.guarded(merged, generated=lambda: any(choice.token_ids for choice in choices))
 
     def _accumulate(self, choice: _Choice, delta: TokenDelta, received_at: float) -> str:
         if not choice.token_ids and delta.token_ids:
@@ -77,16 +70,12 @@ class CompletionService:
         offset = len(choice.text)
         choice.text += delta.text
         choice.token_ids += delta.token_ids
-        if delta.logprobs is not None:
-            decode = self.serving.engine.tokenizer.decode
-            tops = delta.top_logprobs or [{}] * len(delta.token_ids)
-            for token_id, logprob, top in zip(delta.token_ids, delta.logprobs, tops):
-                piece = decode([token_id])
-                choice.logprobs.tokens.append(piece)
-                choice.logprobs.token_logprobs.append(logprob)
-                choice.logprobs.top_logprobs.append({decode([t]): lp for t, lp in top.items()})
-                choice.logprobs.text_offset.append(offset)
-                offset += len(piece)
+        for entry in self.decoded_logprobs(delta):
+            choice.logprobs.tokens.append(entry.token)
+            choice.logprobs.token_logprobs.append(entry.logprob)
+            choice.logprobs.top_logprobs.append(dict(entry.top))
+            choice.logprobs.text_offset.append(offset)
+            offset += len(entry.token)
         if delta.finished:
             choice.finish_reason = delta.finish_reason
         return delta.text
@@ -101,14 +90,10 @@ class CompletionService:
         prompt_ids, options = self.prepare(request)
         completion_id = new_id("cmpl")
         choices = [_Choice(i) for i in range(request.n)]
-        timeout = self.serving.settings.api.request_timeout_s
-        async with self.serving.admission.slots(request.n):
-            try:
-                async with asyncio.timeout(timeout):
-                    async for index, delta in self._generations(prompt_ids, options, completion_id):
-                        self._accumulate(choices[index], delta, received_at)
-            except TimeoutError:
-                raise RequestTimeout(timeout) from None
+        generations = self._generations(prompt_ids, options, completion_id, choices)
+        async with self.serving.admission.slots(request.n), contextlib.aclosing(generations):
+            async for index, delta in generations:
+                self._accumulate(choices[index], delta, received_at)
         return Completion(
             id=completion_id,
             model=request.model,
@@ -128,18 +113,16 @@ class CompletionService:
 
     async def stream(self, request: CompletionRequest, received_at: float) -> AdmittedStream:
         prompt_ids, options = self.prepare(request)
-        await self.serving.admission.acquire(request.n)
-        return AdmittedStream(self.serving.admission, request.n, self._sse(request, prompt_ids, options, received_at))
+        return await self.admitted_stream(request.n, self._sse(request, prompt_ids, options, received_at))
 
     async def _sse(self, request: CompletionRequest, prompt_ids: list[int], options: list[SamplingOptions], received_at: float) -> AsyncIterator[str]:
         completion_id = new_id("cmpl")
         choices = [_Choice(i) for i in range(request.n)]
-        timeout = self.serving.settings.api.request_timeout_s
 
         def event(completion: Completion) -> str:
-            return f"data: {completion.model_dump_json(exclude_none=True)}\n\n"
+            return sse(completion.model_dump_json(exclude_none=True))
 
-        generations = with_deadline(self._generations(prompt_ids, options, completion_id), time.monotonic() + timeout, timeout)
+        generations = self._generations(prompt_ids, options, completion_id, choices)
         async with contextlib.aclosing(generations):  # closing aborts the generations
             async for index, delta in generations:
                 choice = choices[index]
@@ -149,7 +132,7 @@ class CompletionService:
         usage = self._usage(prompt_ids, choices)
         if request.stream_options and request.stream_options.include_usage:
             yield event(Completion(id=completion_id, model=request.model, choices=[], usage=usage))
-        yield "data: [DONE]\n\n"
+        yield SSE_DONE
 
 
 def tokenize(serving: Serving, request: TokenizeRequest) -> dict:

@@ -18,10 +18,11 @@ from typing import Any
 
 from rstar.server.agent_loop import TokensSampled
 from rstar.server.errors import APIError
-from rstar.server.limits import AdmittedStream, with_deadline
+from rstar.server.limits import AdmittedStream
 from rstar.server.schemas import CodeCell
 from rstar.server.schemas_responses import FunctionTool, ResponsesRequest
-from rstar.server.serving_agent import AgentPlan, Answer, Limits, Serving, plan_agent, run_choices
+from rstar.server.serving_agent import AgentPlan, AgentSamplingOptions, AgentServing, Answer
+from rstar.server.serving_base import sse
 from rstar.server.tool_calls import TextDelta, ToolCallArgumentsDelta, ToolCallStarted
 
 # Sandbox statuses under which the code ran to its end (a program error is still a completed run).
@@ -195,13 +196,10 @@ class _ResponseBuilder:
         return events + [self.event(f"response.{status}", response=final)]
 
 
-class ResponsesService:
-    def __init__(self, serving: Serving):
-        self.serving = serving
-
-    def plan(self, request: ResponsesRequest) -> AgentPlan:
+class ResponsesService(AgentServing):
+    def plan_request(self, request: ResponsesRequest) -> AgentPlan:
         self.serving.check_model(request.model)
-        limits = Limits(
+        options = AgentSamplingOptions(
             max_tokens=request.max_output_tokens,
             temperature=request.temperature,
             top_p=request.top_p,
@@ -218,15 +216,14 @@ class ResponsesService:
         ]
         choice = request.tool_choice.model_dump() if hasattr(request.tool_choice, "model_dump") else request.tool_choice
         # The built-in tool is OpenAI's code_interpreter here: offered when the request lists it.
-        return plan_agent(self.serving, request.chat_messages(), functions, choice, request.code_interpreter and request.builtin_tools, limits)
+        return self.plan(request.chat_messages(), functions, choice, request.code_interpreter and request.builtin_tools, options)
 
     async def _events(self, request: ResponsesRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[dict]:
         response_id = _item_id("resp")
         builder = _ResponseBuilder(request, response_id, container_id=_item_id("cntr"))
         for event in builder.start():
             yield event
-        timeout = self.serving.settings.api.request_timeout_s
-        answers = with_deadline(run_choices(self.serving, plan, response_id, received_at), time.monotonic() + timeout, timeout)
+        answers = self.run_choices(plan, response_id, received_at)
         async with contextlib.aclosing(answers):  # closing aborts the generation and its tool runs
             async for answer, pieces in answers:
                 for piece in pieces:
@@ -238,7 +235,7 @@ class ResponsesService:
                         yield event
 
     async def create(self, request: ResponsesRequest, received_at: float) -> dict:
-        plan = self.plan(request)
+        plan = self.plan_request(request)
         final = None
         async with self.serving.admission.slots(1), contextlib.aclosing(self._events(request, plan, received_at)) as events:
             async for event in events:
@@ -248,12 +245,11 @@ class ResponsesService:
         return final["response"]
 
     async def stream(self, request: ResponsesRequest, received_at: float) -> AdmittedStream:
-        plan = self.plan(request)
-        await self.serving.admission.acquire(1)
-        return AdmittedStream(self.serving.admission, 1, self._sse(request, plan, received_at))
+        plan = self.plan_request(request)
+        return await self.admitted_stream(1, self._sse(request, plan, received_at))
 
     async def _sse(self, request: ResponsesRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[str]:
         async with contextlib.aclosing(self._events(request, plan, received_at)) as events:
             async for event in events:
-                yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+                yield sse(json.dumps(event, ensure_ascii=False), event["type"])
 

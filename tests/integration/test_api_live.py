@@ -128,6 +128,9 @@ def test_errors_over_http(live_server):
     with pytest.raises(openai.BadRequestError) as err:  # vLLM itself would fail this deep inside, as a 500
         client.completions.create(model=MODEL, prompt=[1, 10**7], max_tokens=4)
     assert err.value.body["param"] == "prompt"
+    with pytest.raises(openai.BadRequestError) as err:  # no pre-check of ours: vLLM's own validation refuses it
+        client.completions.create(model=MODEL, prompt=[], max_tokens=4)
+    assert err.value.body["code"] == "invalid_request" and "empty" in err.value.message
     too_big = httpx.post(f"{live_server.base_url}/v1/chat/completions", content=b"x" * (live_server.settings.api.max_body_bytes + 1))
     assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "body_too_large"
 

@@ -209,3 +209,19 @@ def test_a_turn_that_never_stops_calling_ends_the_entry(multi_turn_docs):
     sample = asyncio.run(generate(Looping(doc), bench.build_prompt(doc, 0), NATIVE, bench.environment(doc)))
     assert len(sample.response) == 1 and len(sample.response[0]) == NATIVE.max_turns  # bfcl-eval's force-termination
     assert bench.grade(doc, sample.response, 0).details["error_type"] == "multi_turn:force_terminated"
+
+
+@pytest.mark.parametrize("tool_timeout", [None, 2.5])
+def test_in_process_tool_timeout_reaches_the_sandbox(default_tokenizer, tool_timeout):
+    from dataclasses import replace
+
+    from scripted_sandbox import ScriptedSandbox
+
+    from rstar.server.builtin_tools import SandboxExecutor
+
+    tool_turn = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(2+2)", "input": ""}}\n</tool_call>'
+    engine = ScriptedEngine(default_tokenizer, [tool_turn, "It is 4.</reason>\n<answer>\\boxed{4}</answer>"])
+    sandbox = ScriptedSandbox(outputs={"print(2+2)": "4\n"})
+    client = InProcessChatClient(engine, SandboxExecutor(sandbox))
+    completion = asyncio.run(client.complete([{"role": "user", "content": "2+2?"}], None, replace(RSTAR, tool_timeout=tool_timeout)))
+    assert completion.code_calls == 1 and [request.timeout_s for request in sandbox.requests] == [tool_timeout]
