@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import Depends, FastAPI, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 import rstar
 from rstar.config import Settings
@@ -23,7 +23,7 @@ from rstar.sandbox.clients import SandboxClient, connect
 from rstar.server.chat_template import choose_template
 from rstar.server.conversations import ConversationStore
 from rstar.server.db import close_database, open_database
-from rstar.server.engine import TokenEngine
+from rstar.server.engine import EngineFailed, TokenEngine
 from rstar.server.errors import APIError, error_body, install_error_handlers
 from rstar.server.limits import Admission, AdmittedStream, BodySizeLimit, ClientDisconnected, cancel_on_disconnect
 from rstar.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
@@ -87,21 +87,25 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
     authorized = api_key_guard(settings)
 
     @app.get("/health")
-    async def health(request: Request) -> dict:
+    async def health(request: Request) -> JSONResponse:
+        """200 while the engine serves ("degraded" when only the sandbox is down); 503 once the engine cannot,
+        so an orchestrator restarts the process (vLLM refuses every request after its EngineCore died)."""
         serving: Serving = request.app.state.serving
         try:
             sandbox = await serving.sandbox.health()
         except Exception as exc:  # an unreachable sandbox service is a degraded server, not a failed probe
             sandbox = {"status": "unreachable", "detail": str(exc)}
-        status = "ok" if sandbox.get("status") == "ok" else "degraded"
+        engine = serving.engine.stats()
+        status = "failed" if engine.failed else "ok" if sandbox.get("status") == "ok" else "degraded"
         admission = serving.admission
-        return {
+        body = {
             "status": status,
             "model": request.app.state.model_name,
-            "engine": serving.engine.stats().__dict__,
+            "engine": engine.__dict__,
             "admission": {"running": admission.running, "waiting": admission.waiting, "max_running": admission.max_running, "max_waiting": admission.max_waiting},
             "sandbox": sandbox,
         }
+        return JSONResponse(body, status_code=503 if engine.failed else 200)
 
     @app.get("/version")
     async def version() -> dict:
@@ -235,6 +239,8 @@ async def _guard_stream(events: AsyncIterator[str], metrics: ServerMetrics) -> A
         raise
     except APIError as exc:  # a limit reached mid-stream (the request timeout)
         yield sse_error(exc.message, exc.status)
+    except EngineFailed as exc:
+        yield sse_error(f"engine unavailable: {exc}", 503)
     except Exception as exc:
         log.exception("stream failed")
         yield sse_error(f"{type(exc).__name__}: {exc}", 500)

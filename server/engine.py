@@ -69,6 +69,7 @@ class EngineStats:
     waiting: int
     kv_cache_usage: float  # 0..1
     weight_version: int = 0
+    failed: str | None = None  # why the engine cannot serve (it died, a reload failed, it was shut down), or None
 
 
 class TokenEngine(Protocol):
@@ -276,8 +277,10 @@ class VllmEngine:
             from vllm.exceptions import VLLMClientError as Refused
         except ImportError:  # releases before it raise ValueError only
             Refused = ValueError
-        if self._failed:
-            raise EngineFailed(self._failed)
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if failure := self.failure():
+            raise EngineFailed(failure)
         request_id = request_id or uuid.uuid4().hex
         finished = started = False
         try:
@@ -297,6 +300,9 @@ class VllmEngine:
                         stop_reason=completion.stop_reason if finished else None,
                         num_prompt_tokens=len(output.prompt_token_ids or ()),
                     )
+        except EngineDeadError:
+            finished = True  # nothing left to abort
+            raise EngineFailed(self.failure() or "the engine died; restart the server") from None
         except Refused as exc:
             if started or isinstance(exc, ValueError):
                 raise
@@ -312,8 +318,8 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if self._failed:
-            raise EngineFailed(self._failed)
+        if failure := self.failure():
+            raise EngineFailed(failure)
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
         final = None
         async for output in self.llm.generate(TokensPrompt(prompt_token_ids=list(token_ids)), params, f"prompt-logprobs-{uuid.uuid4().hex}"):
@@ -321,7 +327,18 @@ class VllmEngine:
         # Position 0 has no logprob; each later entry holds the actual token's (rank-0 asked: it alone).
         return [step[token].logprob for token, step in zip(token_ids[1:], final.prompt_logprobs[1:])]
 
+    def failure(self) -> str | None:
+        """Why the engine cannot serve, or None: a failed reload, a shutdown, or a dead EngineCore (a worker
+        the OOM killer took, for one), after which vLLM refuses every request until the process restarts."""
+        if self._failed:
+            return self._failed
+        if self.llm.errored:
+            return f"the engine died ({type(self.llm.dead_error).__name__}: {self.llm.dead_error}); restart the server"
+        return None
+
     def stats(self) -> EngineStats:
+        if failure := self.failure():
+            return EngineStats(unfinished=0, running=0, waiting=0, kv_cache_usage=0.0, weight_version=self.weight_version, failed=failure)
         scheduler = self._stats.get("scheduler")
         return EngineStats(
             unfinished=self.llm.get_num_unfinished_requests(),

@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from rstar.server.engine import EngineFailed
 from rstar.server.schemas import ErrorInfo, ErrorResponse
 
 log = logging.getLogger("rstar.server")
@@ -58,6 +59,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException):
         return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(EngineFailed)
+    async def _engine_failed(_: Request, exc: EngineFailed):  # the server's state, not the request's fault
+        return error_response(503, f"engine unavailable: {exc}", code="engine_unavailable")
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception):

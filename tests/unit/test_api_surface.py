@@ -265,6 +265,29 @@ def test_health_reports_the_sandbox_and_version_answers(make_server):
     assert http.get("/version").json()["version"]
 
 
+def test_a_dead_engine_makes_health_and_requests_503(make_server, monkeypatch):
+    """After vLLM's EngineCore died (a worker OOM-killed), it refuses every request: /health must say so with
+    a 503, so an orchestrator restarts the process, and requests get a 503 naming the cause, not a 500."""
+    from rstar.server.engine import EngineFailed, EngineStats
+
+    client, http, engine, _ = make_server()
+    why = "the engine died (EngineDeadError: EngineCore encountered an issue); restart the server"
+
+    async def dead(*args, **kwargs):
+        raise EngineFailed(why)
+        yield  # an async generator, like the real one
+
+    monkeypatch.setattr(engine, "generate", dead)
+    monkeypatch.setattr(engine, "stats", lambda: EngineStats(0, 0, 0, 0.0, failed=why))
+    health = http.get("/health")
+    assert health.status_code == 503 and health.json()["status"] == "failed" and health.json()["engine"]["failed"] == why
+    reply = http.post("/v1/chat/completions", json={"model": "scripted", "messages": QUESTION})
+    assert reply.status_code == 503 and reply.json()["error"]["code"] == "engine_unavailable" and why in reply.json()["error"]["message"]
+    with http.stream("POST", "/v1/completions", json={"model": "scripted", "prompt": "hi", "max_tokens": 4, "stream": True}) as stream:
+        body = "".join(stream.iter_text())
+    assert "engine unavailable" in body and "503" in body  # an SSE error event once the stream began
+
+
 def test_a_stream_that_never_started_still_gives_back_its_slots():
     from rstar.server.limits import Admission, AdmittedStream
 
