@@ -234,19 +234,26 @@ def _format_number(value: Any) -> str:
 def scores_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """A run's summary as (headers, rows): one row per benchmark, one column per metric.
 
-    The summary maps benchmark -> metrics dict (or a bare score); metric names are unioned across
-    benchmarks, in first-seen order, so a new metric shows up without a UI change.
+    The summary maps benchmark -> metrics dict (or a bare score); the runner nests the benchmark's own metrics
+    under `metrics`, which are flattened beside the rest; nested breakdowns (BFCL's categories) are left to
+    the report. Metric names are unioned across benchmarks, in first-seen order, so a new metric shows up
+    without a UI change.
     """
+    flat = {benchmark: _flat_metrics(entry) for benchmark, entry in summary.items()}
     columns: list[str] = []
-    for metrics in summary.values():
-        for name in metrics if isinstance(metrics, dict) else ["score"]:
+    for metrics in flat.values():
+        for name in metrics:
             if name not in columns:
                 columns.append(name)
-    rows = []
-    for benchmark, metrics in summary.items():
-        metrics = metrics if isinstance(metrics, dict) else {"score": metrics}
-        rows.append([benchmark, *(_format_number(metrics[name]) if name in metrics else "" for name in columns)])
+    rows = [[benchmark, *(_format_number(metrics[name]) if name in metrics else "" for name in columns)] for benchmark, metrics in flat.items()]
     return ["benchmark", *columns], rows
+
+
+def _flat_metrics(entry: Any) -> dict[str, Any]:
+    if not isinstance(entry, dict):
+        return {"score": entry}
+    own = entry.get("metrics") if isinstance(entry.get("metrics"), dict) else {}
+    return {name: value for name, value in {**entry, **own}.items() if not isinstance(value, (dict, list))}
 
 
 def scores_caption(summary: dict[str, Any]) -> str:

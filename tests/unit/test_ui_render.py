@@ -5,6 +5,8 @@ UI's client reads them."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -170,6 +172,14 @@ def test_scores_table_unions_metrics_across_benchmarks():
     assert rows[0] == ["aime24", "avg_pass_at_1", "0.5000", "0.5000", "2", "2", "2", ""]
     assert rows[1] == ["gpqa", "", "", "0.1000", "", "", "", "0.2500"]
     assert rows[2][2] == "0.7000"
+
+
+def test_scores_table_of_a_runner_written_run_shows_its_own_metrics_as_numbers(written):
+    run, _ = written
+    summary = json.loads((run.run_dir / "report.json").read_text())["benchmarks"]  # the runner's own summary
+    headers, rows = scores_table(summary)
+    assert "avg_pass_at_1" in headers and "metrics" not in headers  # the runner's nested metrics, flattened
+    assert not any(cell.startswith(("{", "[")) for row in rows for cell in row)
 
 
 def test_scores_caption_names_each_benchmark_and_its_metric():
