@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from rstar.sandbox.schemas import code_judge_reason
 from rstar.server.builtin_tools import BUILTIN_TOOLS, JUPYTER_TOOL, CodeExecutor, ToolRun, code_argument, run_builtin_call
 from rstar.server.chat_template import ChatTemplate, content_text
 from rstar.server.engine import SamplingOptions, TokenDelta, TokenEngine
@@ -327,8 +328,8 @@ def _record(turn: int, call: ToolCall, run: ToolRun | None) -> ToolCallRecord:
     record.response, record.started_at, record.wall_s = run.response, run.started_at, run.wall_s
     if run.result is not None:
         result = run.result
-        record.success, record.stdout, record.stderr = result.success, result.stdout, result.stderr
-        record.exec_reason, record.exec_duration_s, record.exec_status = result.reason, result.duration_s, result.status or None
+        record.success, record.stdout, record.stderr = result.ok, result.stdout, result.stderr
+        record.exec_reason, record.exec_duration_s, record.exec_status = code_judge_reason(result.status), result.duration_s, result.status
     return record
 
 

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rstar.sandbox.clients import SandboxClient
-from rstar.sandbox.schemas import RunRequest, to_code_judge
+from rstar.sandbox.schemas import RunRequest, RunResult
 from rstar.server.tool_calls import ToolCall
 from rstar.server.tool_results import (
-    ExecResult,
     ToolProtocol,
     TruncateSide,
     decode_failure_text,
@@ -93,7 +92,7 @@ def builtin_tool_schemas(names: Sequence[str] = (PYTHON_TOOL,)) -> list[dict]:
 class CodeExecutor(Protocol):
     """What runs code: `SandboxExecutor` over any sandbox client, or a scripted stand-in in tests."""
 
-    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str], protocol: ToolProtocol = "improved") -> ExecResult:
+    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str], protocol: ToolProtocol = "improved") -> RunResult:
         """Run `code` as `tool` with `stdin`, after silently replaying the `replay` cells in the same namespace;
         `protocol` says whose result semantics the sandbox follows (code-judge's under `released`)."""
         ...
@@ -110,20 +109,10 @@ class SandboxExecutor:
         """The same sandbox with another limit per execution (a request's `tool_timeout`)."""
         return SandboxExecutor(self.client, timeout_s)
 
-    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str], protocol: ToolProtocol = "improved") -> ExecResult:
+    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str], protocol: ToolProtocol = "improved") -> RunResult:
         stdin_or_none = None if tool == JUPYTER_TOOL else stdin
         request = RunRequest(tool=tool, code=code, input=stdin_or_none, history=list(replay), timeout_s=self.timeout_s, protocol=protocol)
-        # The sandbox's own mapping onto code-judge's fields, which the result text is written in.
-        result = await self.client.run(request)
-        judged = to_code_judge(result)
-        return ExecResult(
-            success=judged.run_success,
-            stdout=judged.stdout or "",
-            stderr=judged.stderr or "",
-            duration_s=judged.cost,
-            reason=judged.reason,
-            status=result.status,
-        )
+        return await self.client.run(request)
 
 
 @dataclass(frozen=True)
@@ -131,7 +120,7 @@ class ToolRun:
     """One call's outcome: the response text the model sees and, when code ran, the execution."""
 
     response: str
-    result: ExecResult | None = None  # None: nothing ran (decode failure, unknown tool, bad arguments)
+    result: RunResult | None = None  # None: nothing ran (decode failure, unknown tool, bad arguments)
     started_at: float = 0.0  # unix time
     wall_s: float = 0.0  # including queueing in the sandbox pool
 

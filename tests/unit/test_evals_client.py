@@ -22,7 +22,7 @@ from rstar.evals.client import (
     chat_completions_url,
     generate,
 )
-from rstar.server.tool_results import ExecResult
+from rstar.sandbox.schemas import RunResult
 
 RSTAR = GenerationParams(model="m", template=RSTAR_TEMPLATE, temperature=0.6, top_p=0.95, max_tokens=256, max_turns=5, seed=7)
 NATIVE = GenerationParams(model="m", template=NATIVE_TEMPLATE, temperature=0.0, top_p=1.0, max_tokens=256, max_turns=3)
@@ -106,7 +106,7 @@ def test_a_prompt_over_the_context_window_is_a_scored_empty_answer_not_a_failure
 
 class ScriptedExecutor:
     async def execute(self, tool, code, stdin, replay, protocol="improved"):
-        return ExecResult(success=True, stdout="4\n", duration_s=0.01)
+        return RunResult(status="ok", exit_code=0, stdout="4\n", duration_s=0.01)
 
 
 def test_in_process_rstar_answer_runs_the_tool_loop(default_tokenizer):
