@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from rstar.sandbox.schemas import RunResult, code_judge_reason
+from rstar.server.tool_calls import ToolCall
+
 # stop: the model ended a turn without a tool call (its answer); length: the token budget ran out (while
 # sampling, or the next tool turn would not fit); max_turns: the turn limit came with a call pending;
 # tool_calls: the model called a client-declared tool, which the client runs; abort: the engine aborted.
@@ -18,6 +21,10 @@ StopReason = Literal["stop", "length", "max_turns", "tool_calls", "abort"]
 
 @dataclass
 class ToolCallRecord:
+    """One call of a trajectory from its parse to its answer: the one record of a tool call. The wire forms
+    (a chat answer's code cell, a Responses code_interpreter_call item) are rendered from it; its fields are
+    also the stored form, so the execution is kept flat rather than as a nested RunResult."""
+
     turn: int  # -1: a call the client's final assistant message already held (continue_final_message)
     index: int  # across the trajectory, in call order
     raw: str  # the text between <tool_call> and </tool_call>
@@ -34,6 +41,20 @@ class ToolCallRecord:
     exec_duration_s: float | None = None  # as the sandbox measured it
     started_at: float | None = None  # unix time
     wall_s: float | None = None  # including sandbox queueing
+
+    @classmethod
+    def of_call(cls, turn: int, call: ToolCall) -> "ToolCallRecord":
+        """A parsed call not (yet) answered; a client tool's call stays so, its result comes from the client."""
+        return cls(turn=turn, index=call.index, raw=call.raw, name=call.name, arguments=call.arguments, decode_error=call.decode_error, response=None)
+
+    def answer(self, response: str, started_at: float, wall_s: float = 0.0, execution: RunResult | None = None) -> "ToolCallRecord":
+        """Record what the model was shown and, when code ran, the sandbox's execution (in code-judge's terms
+        for `success` and `exec_reason`, as the response text has them)."""
+        self.response, self.started_at, self.wall_s = response, started_at, wall_s
+        if execution is not None:
+            self.success, self.stdout, self.stderr = execution.ok, execution.stdout, execution.stderr
+            self.exec_reason, self.exec_status, self.exec_duration_s = code_judge_reason(execution.status), execution.status, execution.duration_s
+        return self
 
 
 @dataclass

@@ -185,7 +185,7 @@ class RecordingExecutor:
 
 def dispatch(text: str, executor=None, cells=(), **kwargs):
     executor = executor or RecordingExecutor()
-    run = asyncio.run(run_builtin_call(parse_tool_calls(text)[0], executor, list(cells), **kwargs))
+    run = asyncio.run(run_builtin_call(0, parse_tool_calls(text)[0], executor, list(cells), **kwargs))
     return run, executor
 
 
