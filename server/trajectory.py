@@ -2,7 +2,8 @@
 
 The response is every token after the prompt: the model's sampled turns (mask 1) interleaved with tool
 turns (mask 0: the template's closing/opening text and the tool responses). RL trains on mask-1 tokens
-with `logprobs` as the old policy; the server and evals read `turns` and `tool_calls`.
+with `logprobs` as the old policy; the server and evals read `turns` and `tool_calls`. A client that got a
+chat completion over HTTP reads it back as a Trajectory too (`Trajectory.from_chat_response`), without tokens.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from rstar.sandbox.schemas import RunResult, code_judge_reason
+from rstar.server.chat_template import REASONING_CLOSE, REASONING_OPEN
 from rstar.server.tool_calls import ToolCall
 
 # stop: the model ended a turn without a tool call (its answer); length: the token budget ran out (while
@@ -89,6 +91,37 @@ class Trajectory:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_chat_response(cls, data: dict) -> "Trajectory":
+        """A chat completion's first choice as a trajectory, for a client that got it over HTTP: the answer
+        as one turn (its reasoning in a reasoning block), each code cell as a call that ran (its status as
+        the cell says), then each client tool call, unanswered. The wire carries no token ids, so the
+        token-level fields stay empty and turn 0 spans no tokens."""
+        choice = data["choices"][0]
+        message = choice.get("message") or {}
+        reasoning = message.get("reasoning_content")
+        text = (f"{REASONING_OPEN}{reasoning}{REASONING_CLOSE}" if reasoning else "") + (message.get("content") or "")
+        cells = [
+            ToolCallRecord(turn=0, index=cell.get("index", i), raw=cell.get("code", ""), name=cell.get("name"), arguments={"code": cell.get("code", "")},
+                           decode_error=None, response=None, stdout=cell.get("stdout"), stderr=cell.get("stderr"), exec_status=cell.get("status"),
+                           exec_duration_s=cell.get("duration_s"))
+            for i, cell in enumerate(message.get("code_cells") or [])
+        ]  # fmt: skip
+        calls = [
+            ToolCallRecord(turn=0, index=len(cells) + i, raw=call["function"].get("arguments", ""), name=call["function"]["name"],
+                           arguments=call["function"].get("arguments", ""), decode_error=None, response=None)
+            for i, call in enumerate(message.get("tool_calls") or [])
+        ]  # fmt: skip
+        return cls(
+            prompt_ids=[],
+            turns=[Turn(start=0, end=0, text=text, finish_reason=choice.get("finish_reason"), weight_version=0)],
+            tool_calls=cells + calls,
+            stop_reason=choice.get("finish_reason"),
+            model=data.get("model", ""),
+            # rstar says which protocol built the tool turns; another server runs no tools and says nothing.
+            tool_protocol=data.get("tool_protocol"),
+        )
 
     @classmethod
     def from_dict(cls, data: dict) -> "Trajectory":
