@@ -186,7 +186,7 @@ def loop_overhead(model_dir: str, quick: bool) -> dict:
     from rstar.server.builtin_tools import builtin_tool_schemas
     from rstar.server.chat_template import choose_template
     from rstar.server.engine import EngineStats, SamplingOptions, TokenDelta
-    from rstar.server.tool_results import ExecResult
+    from rstar.sandbox.schemas import RunResult
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     template = choose_template(tokenizer, MODEL_NAME)
@@ -219,7 +219,7 @@ def loop_overhead(model_dir: str, quick: bool) -> dict:
 
     class InstantExecutor:
         async def execute(self, tool, code, stdin, replay, protocol="improved"):
-            return ExecResult(success=True, stdout="42\n", duration_s=0.001, status="ok")
+            return RunResult(status="ok", exit_code=0, stdout="42\n", duration_s=0.001)
 
     async def timed(script: list[list[int]]) -> float:
         started = time.perf_counter()

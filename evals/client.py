@@ -22,6 +22,7 @@ import httpx
 
 from rstar.evals.answers import answer_view
 from rstar.evals.registry import RSTAR_TEMPLATE, Prompt
+from rstar.server.trajectory import Trajectory
 
 
 @dataclass(frozen=True)
@@ -281,32 +282,6 @@ def _error_code(response: httpx.Response) -> str | None:
         return None
 
 
-def http_trajectory(data: dict) -> dict:
-    """A chat response in the Trajectory shape, for readers of stored samples (the UI): the answer as one turn
-    (reasoning in its <reason> block), its code cells and client calls as tool-call records; no token ids."""
-    choice = data["choices"][0]
-    message = choice.get("message") or {}
-    reasoning = message.get("reasoning_content")
-    text = (f"<reason>{reasoning}</reason>" if reasoning else "") + (message.get("content") or "")
-    cells = [
-        {"turn": 0, "index": cell.get("index", i), "raw": cell.get("code", ""), "name": cell.get("name"), "arguments": {"code": cell.get("code", "")},
-         "exec_status": cell.get("status"), "stdout": cell.get("stdout"), "stderr": cell.get("stderr"), "exec_duration_s": cell.get("duration_s")}
-        for i, cell in enumerate(message.get("code_cells") or [])
-    ]  # fmt: skip
-    calls = [
-        {"turn": 0, "index": len(cells) + i, "raw": call["function"].get("arguments", ""), "name": call["function"]["name"],
-         "arguments": call["function"].get("arguments", ""), "response": None}
-        for i, call in enumerate(message.get("tool_calls") or [])
-    ]  # fmt: skip
-    return {
-        "turns": [{"text": text, "finish_reason": choice.get("finish_reason")}],
-        "tool_calls": cells + calls,
-        "stop_reason": choice.get("finish_reason"),
-        "tool_protocol": data.get("tool_protocol"),  # rstar says which built the tool turns; other servers run none
-        "response": data,
-    }
-
-
 def parse_completion(data: dict) -> Completion:
     """Our server's extensions when present (code_cells, usage.tool_calls); plain OpenAI fields otherwise."""
     choice = data["choices"][0]
@@ -328,7 +303,8 @@ def parse_completion(data: dict) -> Completion:
         turns=len(cells) + 1,
         code_calls=len(cells),
         finish_reason=choice.get("finish_reason"),
-        trajectory=http_trajectory(data),
+        # The response kept whole beside its trajectory: `answer_view` reads the server's own split from it.
+        trajectory={**Trajectory.from_chat_response(data).to_dict(), "response": data},
     )
 
 

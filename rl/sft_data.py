@@ -937,7 +937,7 @@ async def build_conversation(example: Example, executor: CodeExecutor) -> Exampl
     for index, call in enumerate(example.calls):
         result = await executor.execute(PYTHON_TOOL, call.code, "", ())
         output = result.stdout.strip()
-        if call.fails == result.success or (not call.fails and output != example.answer):
+        if call.fails == result.ok or (not call.fails and output != example.answer):
             raise RuntimeError(
                 f"{example.id} ({example.phrasing}): expected {'a failure' if call.fails else example.answer!r}, "
                 f"the sandbox gave {render_exec_result(result)!r} for:\n{call.code}")

@@ -1,7 +1,8 @@
 """Wire models: our run request/result, and rStar2-Agent's code-judge shapes so its tooling can point here.
 
-`to_code_judge` is the one place that maps our statuses onto code-judge's `reason` values; the server's
-tool loop reuses it to render `Tool call success|failure` exactly as rStar2-Agent does.
+`RunResult` is the one record of an execution: the server's tool loop renders the model's `Tool call
+success|failure` text from it and keeps it in the trajectory. `code_judge_reason` is the one place that maps
+our statuses onto code-judge's `reason` values, for the code-judge endpoint and that text alike.
 """
 
 from __future__ import annotations
@@ -125,6 +126,11 @@ _REASONS: dict[str, CodeJudgeReason] = {
 }
 
 
+def code_judge_reason(status: str) -> CodeJudgeReason:
+    """Why a run failed, as code-judge names it: '' for a clean run or a program error."""
+    return _REASONS.get(status, "")
+
+
 def to_code_judge(result: RunResult, sub_id: str | None = None, expected_output: str | None = None) -> CodeJudgeResult:
     """Our result in code-judge's shape: run_success is a clean exit; success also checks expected_output."""
     run_success = result.ok
@@ -138,7 +144,7 @@ def to_code_judge(result: RunResult, sub_id: str | None = None, expected_output:
         cost=result.duration_s,
         stdout=result.stdout,
         stderr=result.stderr,
-        reason=_REASONS.get(result.status, ""),
+        reason=code_judge_reason(result.status),
     )
 
 

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rstar.server.builtin_tools import BUILTIN_TOOLS, JUPYTER_TOOL, CodeExecutor, ToolRun, code_argument, run_builtin_call
+from rstar.server.builtin_tools import BUILTIN_TOOLS, JUPYTER_TOOL, CodeExecutor, code_argument, run_builtin_call
 from rstar.server.chat_template import ChatTemplate, content_text
 from rstar.server.engine import SamplingOptions, TokenDelta, TokenEngine
 from rstar.server.tool_calls import (
@@ -233,7 +233,7 @@ async def run_agent(
             break
         next_call_index += len(parser.calls)
         if any(isinstance(call.name, str) and call.name in config.client_tools for call in calls):
-            trajectory.tool_calls += [_record(turn, call, None) for call in calls]
+            trajectory.tool_calls += [ToolCallRecord.of_call(turn, call) for call in calls]
             trajectory.stop_reason = "tool_calls"
             break
 
@@ -295,15 +295,15 @@ async def _run_calls(
                     jupyter_cells.append(arguments[0])
             if _is_builtin(call) and not enabled:
                 # Switched off for this request: the model hears what an unknown tool gets.
-                jobs.append(asyncio.ensure_future(_unavailable(call)))
+                jobs.append(asyncio.ensure_future(_unavailable(turn, call)))
                 continue
             jobs.append(
                 asyncio.ensure_future(
-                    run_builtin_call(call, executor, replay, config.max_tool_response_chars, config.truncate_side, config.tool_protocol)
+                    run_builtin_call(turn, call, executor, replay, config.max_tool_response_chars, config.truncate_side, config.tool_protocol)
                 )
             )
-        for call, job in zip(calls, jobs):
-            yield ToolResult(_record(turn, call, await job))
+        for job in jobs:
+            yield ToolResult(await job)
     finally:
         # Closing the event stream early (client gone) must not leave sandbox jobs running.
         for job in jobs:
@@ -314,22 +314,8 @@ def _is_builtin(call: ToolCall, enabled: frozenset[str] = BUILTIN_TOOLS) -> bool
     return call.decode_error is None and isinstance(call.name, str) and call.name in enabled
 
 
-async def _unavailable(call: ToolCall) -> ToolRun:
-    return ToolRun(response=execution_error_text(repr(call.name)), started_at=time.time())
-
-
-def _record(turn: int, call: ToolCall, run: ToolRun | None) -> ToolCallRecord:
-    record = ToolCallRecord(
-        turn=turn, index=call.index, raw=call.raw, name=call.name, arguments=call.arguments, decode_error=call.decode_error, response=None
-    )
-    if run is None:
-        return record
-    record.response, record.started_at, record.wall_s = run.response, run.started_at, run.wall_s
-    if run.result is not None:
-        result = run.result
-        record.success, record.stdout, record.stderr = result.success, result.stdout, result.stderr
-        record.exec_reason, record.exec_duration_s, record.exec_status = result.reason, result.duration_s, result.status or None
-    return record
+async def _unavailable(turn: int, call: ToolCall) -> ToolCallRecord:
+    return ToolCallRecord.of_call(turn, call).answer(execution_error_text(repr(call.name)), time.time())
 
 
 def prior_jupyter_cells(messages: Sequence[Mapping]) -> list[str]:

@@ -12,14 +12,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rstar.sandbox.clients import SandboxClient
-from rstar.sandbox.schemas import RunRequest, to_code_judge
+from rstar.sandbox.schemas import RunRequest, RunResult
 from rstar.server.tool_calls import ToolCall
 from rstar.server.tool_results import (
-    ExecResult,
     ToolProtocol,
     TruncateSide,
     decode_failure_text,
@@ -27,6 +25,7 @@ from rstar.server.tool_results import (
     render_exec_result,
     truncate_response,
 )
+from rstar.server.trajectory import ToolCallRecord
 
 PYTHON_TOOL = "python_code_with_standard_io"
 PYTHON_TOOL_PAPER_NAME = "execute_python_code_with_standard_io"
@@ -93,7 +92,7 @@ def builtin_tool_schemas(names: Sequence[str] = (PYTHON_TOOL,)) -> list[dict]:
 class CodeExecutor(Protocol):
     """What runs code: `SandboxExecutor` over any sandbox client, or a scripted stand-in in tests."""
 
-    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str], protocol: ToolProtocol = "improved") -> ExecResult:
+    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str], protocol: ToolProtocol = "improved") -> RunResult:
         """Run `code` as `tool` with `stdin`, after silently replaying the `replay` cells in the same namespace;
         `protocol` says whose result semantics the sandbox follows (code-judge's under `released`)."""
         ...
@@ -110,30 +109,10 @@ class SandboxExecutor:
         """The same sandbox with another limit per execution (a request's `tool_timeout`)."""
         return SandboxExecutor(self.client, timeout_s)
 
-    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str], protocol: ToolProtocol = "improved") -> ExecResult:
+    async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str], protocol: ToolProtocol = "improved") -> RunResult:
         stdin_or_none = None if tool == JUPYTER_TOOL else stdin
         request = RunRequest(tool=tool, code=code, input=stdin_or_none, history=list(replay), timeout_s=self.timeout_s, protocol=protocol)
-        # The sandbox's own mapping onto code-judge's fields, which the result text is written in.
-        result = await self.client.run(request)
-        judged = to_code_judge(result)
-        return ExecResult(
-            success=judged.run_success,
-            stdout=judged.stdout or "",
-            stderr=judged.stderr or "",
-            duration_s=judged.cost,
-            reason=judged.reason,
-            status=result.status,
-        )
-
-
-@dataclass(frozen=True)
-class ToolRun:
-    """One call's outcome: the response text the model sees and, when code ran, the execution."""
-
-    response: str
-    result: ExecResult | None = None  # None: nothing ran (decode failure, unknown tool, bad arguments)
-    started_at: float = 0.0  # unix time
-    wall_s: float = 0.0  # including queueing in the sandbox pool
+        return await self.client.run(request)
 
 
 def code_argument(call: ToolCall, protocol: ToolProtocol = "improved") -> tuple[str, str] | str:
@@ -163,33 +142,35 @@ def code_argument(call: ToolCall, protocol: ToolProtocol = "improved") -> tuple[
 
 
 async def run_builtin_call(
+    turn: int,
     call: ToolCall,
     executor: CodeExecutor,
     jupyter_cells: Sequence[str],
     max_response_chars: int | None = None,
     truncate_side: TruncateSide = "middle",
     protocol: ToolProtocol = "improved",
-) -> ToolRun:
-    """Run one parsed call (a decode failure or unknown name short-circuits) and render its response.
+) -> ToolCallRecord:
+    """Run one parsed call of assistant turn `turn` (a decode failure or unknown name short-circuits) and
+    record its response and execution.
 
     jupyter_cells: the code of earlier `jupyter_code` calls in this conversation, replayed first.
     Only an execution's text is truncated; error messages are short and pass whole, as released.
     """
-    started_at = time.time()
+    record, started_at = ToolCallRecord.of_call(turn, call), time.time()
     if call.decode_error is not None:
-        return ToolRun(response=decode_failure_text(call.decode_error), started_at=started_at)
+        return record.answer(decode_failure_text(call.decode_error), started_at)
     if not isinstance(call.name, str) or call.name not in BUILTIN_TOOLS:
         # The released loop's KeyError text for a tool it does not have, e.g. "'WolframAlpha'".
-        return ToolRun(response=execution_error_text(repr(call.name)), started_at=started_at)
+        return record.answer(execution_error_text(repr(call.name)), started_at)
     arguments = code_argument(call, protocol)
     if isinstance(arguments, str):
-        return ToolRun(response=execution_error_text(arguments), started_at=started_at)
+        return record.answer(execution_error_text(arguments), started_at)
     code, stdin = arguments
     replay = jupyter_cells if call.name == JUPYTER_TOOL else ()
     clock = time.perf_counter()
     try:
         result = await executor.execute(call.name, code, stdin, replay, protocol)
     except Exception as exc:  # the sandbox itself failed; the model is told, the trajectory goes on
-        return ToolRun(response=execution_error_text(str(exc)), started_at=started_at, wall_s=time.perf_counter() - clock)
+        return record.answer(execution_error_text(str(exc)), started_at, time.perf_counter() - clock)
     response = truncate_response(render_exec_result(result), max_response_chars, truncate_side)
-    return ToolRun(response=response, result=result, started_at=started_at, wall_s=time.perf_counter() - clock)
+    return record.answer(response, started_at, time.perf_counter() - clock, result)

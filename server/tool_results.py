@@ -18,9 +18,9 @@ the second cut of that text and the answers to calls the released loop rejects; 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
+from rstar.sandbox.schemas import RunResult, code_judge_reason
 from rstar.server.chat_template import ChatTemplate
 
 TruncateSide = Literal["left", "right", "middle"]
@@ -35,24 +35,10 @@ def protocol_max_tool_response_chars(protocol: ToolProtocol) -> int | None:
     return RELEASED_MAX_TOOL_RESPONSE_CHARS if protocol == "released" else None
 
 
-@dataclass(frozen=True)
-class ExecResult:
-    """One sandbox execution, in the terms the result text uses (code-judge's fields)."""
-
-    success: bool  # ran to completion with exit code 0
-    stdout: str = ""
-    stderr: str = ""
-    duration_s: float = 0.0
-    # Why it failed, as code-judge names it: '' for a program error, 'worker_timeout', 'internal_error', ...
-    reason: str = ""
-    # The sandbox's own finer status (ok, error, timeout, memory, output_limit, ...), which code-judge's
-    # reason folds together; API clients see it, the model does not.
-    status: str = ""
-
-
-def render_exec_result(result: ExecResult) -> str:
-    """`Tool call success|failure`, the failure reason, non-empty stdout and stderr, then the time taken."""
-    lines = ["Tool call success"] if result.success else ["Tool call failure", f"reason: {result.reason}"]
+def render_exec_result(result: RunResult) -> str:
+    """`Tool call success|failure`, the failure reason (code-judge's), non-empty stdout and stderr, then the
+    time the sandbox measured."""
+    lines = ["Tool call success"] if result.ok else ["Tool call failure", f"reason: {code_judge_reason(result.status)}"]
     if result.stdout:
         lines.append(f"stdout: {result.stdout}")
     if result.stderr:

@@ -2,13 +2,18 @@
 
 The response is every token after the prompt: the model's sampled turns (mask 1) interleaved with tool
 turns (mask 0: the template's closing/opening text and the tool responses). RL trains on mask-1 tokens
-with `logprobs` as the old policy; the server and evals read `turns` and `tool_calls`.
+with `logprobs` as the old policy; the server and evals read `turns` and `tool_calls`. A client that got a
+chat completion over HTTP reads it back as a Trajectory too (`Trajectory.from_chat_response`), without tokens.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from rstar.sandbox.schemas import RunResult, code_judge_reason
+from rstar.server.chat_template import REASONING_CLOSE, REASONING_OPEN
+from rstar.server.tool_calls import ToolCall
 
 # stop: the model ended a turn without a tool call (its answer); length: the token budget ran out (while
 # sampling, or the next tool turn would not fit); max_turns: the turn limit came with a call pending;
@@ -18,6 +23,10 @@ StopReason = Literal["stop", "length", "max_turns", "tool_calls", "abort"]
 
 @dataclass
 class ToolCallRecord:
+    """One call of a trajectory from its parse to its answer: the one record of a tool call. The wire forms
+    (a chat answer's code cell, a Responses code_interpreter_call item) are rendered from it; its fields are
+    also the stored form, so the execution is kept flat rather than as a nested RunResult."""
+
     turn: int  # -1: a call the client's final assistant message already held (continue_final_message)
     index: int  # across the trajectory, in call order
     raw: str  # the text between <tool_call> and </tool_call>
@@ -34,6 +43,20 @@ class ToolCallRecord:
     exec_duration_s: float | None = None  # as the sandbox measured it
     started_at: float | None = None  # unix time
     wall_s: float | None = None  # including sandbox queueing
+
+    @classmethod
+    def of_call(cls, turn: int, call: ToolCall) -> "ToolCallRecord":
+        """A parsed call not (yet) answered; a client tool's call stays so, its result comes from the client."""
+        return cls(turn=turn, index=call.index, raw=call.raw, name=call.name, arguments=call.arguments, decode_error=call.decode_error, response=None)
+
+    def answer(self, response: str, started_at: float, wall_s: float = 0.0, execution: RunResult | None = None) -> "ToolCallRecord":
+        """Record what the model was shown and, when code ran, the sandbox's execution (in code-judge's terms
+        for `success` and `exec_reason`, as the response text has them)."""
+        self.response, self.started_at, self.wall_s = response, started_at, wall_s
+        if execution is not None:
+            self.success, self.stdout, self.stderr = execution.ok, execution.stdout, execution.stderr
+            self.exec_reason, self.exec_status, self.exec_duration_s = code_judge_reason(execution.status), execution.status, execution.duration_s
+        return self
 
 
 @dataclass
@@ -68,6 +91,37 @@ class Trajectory:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_chat_response(cls, data: dict) -> "Trajectory":
+        """A chat completion's first choice as a trajectory, for a client that got it over HTTP: the answer
+        as one turn (its reasoning in a reasoning block), each code cell as a call that ran (its status as
+        the cell says), then each client tool call, unanswered. The wire carries no token ids, so the
+        token-level fields stay empty and turn 0 spans no tokens."""
+        choice = data["choices"][0]
+        message = choice.get("message") or {}
+        reasoning = message.get("reasoning_content")
+        text = (f"{REASONING_OPEN}{reasoning}{REASONING_CLOSE}" if reasoning else "") + (message.get("content") or "")
+        cells = [
+            ToolCallRecord(turn=0, index=cell.get("index", i), raw=cell.get("code", ""), name=cell.get("name"), arguments={"code": cell.get("code", "")},
+                           decode_error=None, response=None, stdout=cell.get("stdout"), stderr=cell.get("stderr"), exec_status=cell.get("status"),
+                           exec_duration_s=cell.get("duration_s"))
+            for i, cell in enumerate(message.get("code_cells") or [])
+        ]  # fmt: skip
+        calls = [
+            ToolCallRecord(turn=0, index=len(cells) + i, raw=call["function"].get("arguments", ""), name=call["function"]["name"],
+                           arguments=call["function"].get("arguments", ""), decode_error=None, response=None)
+            for i, call in enumerate(message.get("tool_calls") or [])
+        ]  # fmt: skip
+        return cls(
+            prompt_ids=[],
+            turns=[Turn(start=0, end=0, text=text, finish_reason=choice.get("finish_reason"), weight_version=0)],
+            tool_calls=cells + calls,
+            stop_reason=choice.get("finish_reason"),
+            model=data.get("model", ""),
+            # rstar says which protocol built the tool turns; another server runs no tools and says nothing.
+            tool_protocol=data.get("tool_protocol"),
+        )
 
     @classmethod
     def from_dict(cls, data: dict) -> "Trajectory":

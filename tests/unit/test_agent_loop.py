@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from rstar.sandbox.schemas import RunResult
 from rstar.server.agent_loop import (
     Done,
     LoopConfig,
@@ -25,7 +26,7 @@ from rstar.server.builtin_tools import JUPYTER_TOOL, PYTHON_TOOL, builtin_tool_s
 from rstar.server.chat_template import choose_template, rstar_template
 from rstar.server.engine import SamplingOptions, TokenDelta
 from rstar.server.tool_calls import TextDelta, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
-from rstar.server.tool_results import ExecResult, tool_turn_text
+from rstar.server.tool_results import tool_turn_text
 from rstar.server.trajectory import Trajectory
 
 QUESTION = [{"role": "user", "content": "How many positive divisors does 2024 have?"}]
@@ -93,7 +94,7 @@ class ScriptedExecutor:
             except asyncio.CancelledError:
                 self.cancelled = True
                 raise
-        return ExecResult(success=True, stdout=self.outputs.get(code, ""), duration_s=0.25)
+        return RunResult(status="ok", exit_code=0, stdout=self.outputs.get(code, ""), duration_s=0.25)
 
 
 def run(engine, executor, template, config=LoopConfig(), messages=QUESTION, tools=TOOLS) -> Trajectory:

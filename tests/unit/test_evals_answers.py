@@ -20,8 +20,8 @@ from rstar.evals.budget import Budget, longest_prompt, measure_with_server, meas
 from rstar.evals.cli import app as eval_app
 from rstar.evals.client import GenerationParams, HttpChatClient, InProcessChatClient, generate
 from rstar.evals.registry import Prompt
+from rstar.sandbox.schemas import RunResult
 from rstar.server.chat_template import RSTAR_TEMPLATE_PATH, choose_template
-from rstar.server.tool_results import ExecResult
 from tests.scripted_sandbox import ScriptedSandbox
 from tests.unit.api_server import make_server  # noqa: F401 (fixture)
 
@@ -34,7 +34,7 @@ FINAL_TURN = "The tool says 4, so the answer is 4.</reason>\n<answer>\\boxed{4}<
 
 class FourExecutor:
     async def execute(self, tool, code, stdin, replay, protocol="improved"):
-        return ExecResult(success=True, stdout="4\n", duration_s=0.01)
+        return RunResult(status="ok", exit_code=0, stdout="4\n", duration_s=0.01)
 
 
 def over_http(http) -> HttpChatClient:

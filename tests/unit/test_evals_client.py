@@ -22,7 +22,9 @@ from rstar.evals.client import (
     chat_completions_url,
     generate,
 )
-from rstar.server.tool_results import ExecResult
+from rstar.sandbox.schemas import RunResult
+from rstar.server.trajectory import Trajectory
+from rstar.ui.render import record_cell
 
 RSTAR = GenerationParams(model="m", template=RSTAR_TEMPLATE, temperature=0.6, top_p=0.95, max_tokens=256, max_turns=5, seed=7)
 NATIVE = GenerationParams(model="m", template=NATIVE_TEMPLATE, temperature=0.0, top_p=1.0, max_tokens=256, max_turns=3)
@@ -63,7 +65,7 @@ def test_rstar_template_asks_the_server_to_run_its_tool_loop():
     assert (sample.num_turns, sample.num_tool_calls, sample.prompt_tokens, sample.completion_tokens) == (2, 1, 11, 5)
     # stored in the Trajectory shape readers (the UI) know, the response kept whole
     trajectory = sample.trajectory
-    assert trajectory["turns"] == [{"text": "<reason>think</reason><answer>\\boxed{2}</answer>", "finish_reason": "stop"}]
+    assert [(turn["text"], turn["finish_reason"]) for turn in trajectory["turns"]] == [("<reason>think</reason><answer>\\boxed{2}</answer>", "stop")]
     assert (trajectory["tool_calls"][0]["exec_status"], trajectory["tool_calls"][0]["stdout"], trajectory["tool_calls"][0]["arguments"]) == ("ok", "2\n", {"code": "print(2)"})
     assert trajectory["response"]["usage"]["prompt_tokens"] == 11
 
@@ -106,7 +108,7 @@ def test_a_prompt_over_the_context_window_is_a_scored_empty_answer_not_a_failure
 
 class ScriptedExecutor:
     async def execute(self, tool, code, stdin, replay, protocol="improved"):
-        return ExecResult(success=True, stdout="4\n", duration_s=0.01)
+        return RunResult(status="ok", exit_code=0, stdout="4\n", duration_s=0.01)
 
 
 def test_in_process_rstar_answer_runs_the_tool_loop(default_tokenizer):
@@ -225,3 +227,18 @@ def test_in_process_tool_timeout_reaches_the_sandbox(default_tokenizer, tool_tim
     client = InProcessChatClient(engine, SandboxExecutor(sandbox))
     completion = asyncio.run(client.complete([{"role": "user", "content": "2+2?"}], None, replace(RSTAR, tool_timeout=tool_timeout)))
     assert completion.code_calls == 1 and [request.timeout_s for request in sandbox.requests] == [tool_timeout]
+
+
+def test_a_chat_response_reads_back_as_the_records_its_cells_were_rendered_from():
+    cells = [
+        {"index": 0, "name": "python_code_with_standard_io", "code": "1/0", "status": "error", "stdout": "", "stderr": "ZeroDivisionError", "duration_s": 0.02},
+        {"index": 1, "name": "", "code": "{oops", "status": "invalid_input", "stdout": "", "stderr": "Failed to decode tool call: bad JSON", "duration_s": None},
+    ]
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]
+    response = answer({"content": "", "reasoning_content": "r", "code_cells": cells, "tool_calls": calls}, finish="tool_calls")
+    trajectory = Trajectory.from_chat_response({**response, "tool_protocol": "improved"})
+    client_call = trajectory.tool_calls[2]
+    # stored, the records show in the UI's drill-down as the very cells the server sent
+    assert [record_cell(record) for record in trajectory.to_dict()["tool_calls"][:2]] == cells
+    assert (client_call.index, client_call.name, client_call.arguments, client_call.response) == (2, "get_weather", '{"city": "Oslo"}', None)
+    assert (trajectory.turns[0].text, trajectory.stop_reason, trajectory.tool_protocol) == ("<reason>r</reason>", "tool_calls", "improved")

@@ -10,18 +10,19 @@ import pytest
 
 from rstar.rl.sft import cosine_with_warmup, sft_trees, step_batches
 from rstar.rl.sft_encoding import ConversationError, encode_conversation, read_conversations
+from rstar.sandbox.schemas import RunResult
 from rstar.server.agent_loop import LoopConfig, run_trajectory
 from rstar.server.builtin_tools import PYTHON_TOOL, builtin_tool_schemas
 from rstar.server.chat_template import rstar_template
 from rstar.server.engine import SamplingOptions
-from rstar.server.tool_results import ExecResult, render_exec_result
+from rstar.server.tool_results import render_exec_result
 from tests.unit.golden_files import check_json
 from tests.unit.test_agent_loop import ScriptedEngine, ScriptedExecutor, call
 
 TOOLS = builtin_tool_schemas([PYTHON_TOOL])
 PROBLEM = "What is 59154 times 42196?"
 CODE = "print(59154 * 42196)"
-RESULT = ExecResult(success=True, stdout="2496062184\n", duration_s=0.25)  # what ScriptedExecutor reports
+RESULT = RunResult(status="ok", exit_code=0, stdout="2496062184\n", duration_s=0.25)  # what ScriptedExecutor reports
 TURNS = [
     "I will compute the product with Python.\n" + call(CODE),
     "The program printed 2496062184.</reason>\n<answer>\nThe product is \\boxed{2496062184}.\n</answer>",

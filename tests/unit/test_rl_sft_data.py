@@ -107,7 +107,7 @@ def test_every_program_prints_exactly_the_answer(sandbox):
     cases = list(every_program(samples_per_computation=4))
     results = sandbox.run_all([code for _, code, _ in cases])
     wrong = [(name, code, result) for (name, code, answer), result in zip(cases, results)
-             if not result.success or result.stdout != answer + "\n"]
+             if not result.ok or result.stdout != answer + "\n"]
     assert not wrong, wrong[:3]
 
 
@@ -123,7 +123,7 @@ def test_planted_bugs_fail_in_the_sandbox_with_the_error_they_name(sandbox):
     assert {error for _, error in cases} == {"NameError", "TypeError"}
     results = sandbox.run_all([bug.code for bug, _ in cases])
     for (bug, error), result in zip(cases, results):
-        assert not result.success and result.stderr.startswith(f"{error} at line"), (bug.code, result)
+        assert not result.ok and result.stderr.startswith(f"{error} at line"), (bug.code, result)
 
 
 def test_conversations_over_many_seeds_end_in_the_programs_answer(sandbox):

@@ -9,6 +9,7 @@ import json
 import pytest
 from golden_files import check_json
 
+from rstar.sandbox.schemas import RunResult
 from rstar.server.builtin_tools import JUPYTER_TOOL, PYTHON_TOOL, PYTHON_TOOL_PAPER_NAME, run_builtin_call
 from rstar.server.tool_calls import (
     CALL_CLOSE,
@@ -21,7 +22,7 @@ from rstar.server.tool_calls import (
     ToolCallStreamParser,
     parse_tool_calls,
 )
-from rstar.server.tool_results import ExecResult, render_exec_result, truncate_response
+from rstar.server.tool_results import render_exec_result, truncate_response
 
 CALL = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(2024 % 7)", "input": ""}}\n</tool_call>'
 
@@ -149,11 +150,11 @@ def test_released_parser_error_texts():
 
 
 RESULTS = {
-    "success_with_stdout": ExecResult(success=True, stdout="16\n", duration_s=0.4149),
-    "success_silent": ExecResult(success=True, duration_s=0.004),
-    "success_with_stderr": ExecResult(success=True, stdout="1\n", stderr="DeprecationWarning: x\n", duration_s=1.0),
-    "program_error": ExecResult(success=False, stderr="ZeroDivisionError at line 2: division by zero\n    1/0", duration_s=0.02),
-    "timeout": ExecResult(success=False, stdout="partial", reason="worker_timeout", duration_s=4.0021),
+    "success_with_stdout": RunResult(status="ok", exit_code=0, stdout="16\n", duration_s=0.4149),
+    "success_silent": RunResult(status="ok", exit_code=0, duration_s=0.004),
+    "success_with_stderr": RunResult(status="ok", exit_code=0, stdout="1\n", stderr="DeprecationWarning: x\n", duration_s=1.0),
+    "program_error": RunResult(status="error", exit_code=1, stderr="ZeroDivisionError at line 2: division by zero\n    1/0", duration_s=0.02),
+    "timeout": RunResult(status="timeout", stdout="partial", duration_s=4.0021),
 }
 
 
@@ -172,7 +173,7 @@ def test_truncation_golden():
 
 
 class RecordingExecutor:
-    def __init__(self, result=ExecResult(success=True, stdout="ok", duration_s=0.01), error=None):
+    def __init__(self, result=RunResult(status="ok", exit_code=0, stdout="ok", duration_s=0.01), error=None):
         self.result, self.error, self.calls = result, error, []
 
     async def execute(self, tool, code, stdin, replay, protocol="improved"):
@@ -184,7 +185,7 @@ class RecordingExecutor:
 
 def dispatch(text: str, executor=None, cells=(), **kwargs):
     executor = executor or RecordingExecutor()
-    run = asyncio.run(run_builtin_call(parse_tool_calls(text)[0], executor, list(cells), **kwargs))
+    run = asyncio.run(run_builtin_call(0, parse_tool_calls(text)[0], executor, list(cells), **kwargs))
     return run, executor
 
 
@@ -216,7 +217,7 @@ def test_jupyter_replays_earlier_cells_and_ignores_stdin():
 
 
 def test_only_execution_text_is_truncated():
-    long = RecordingExecutor(ExecResult(success=True, stdout="9" * 500, duration_s=0.1))
+    long = RecordingExecutor(RunResult(status="ok", exit_code=0, stdout="9" * 500, duration_s=0.1))
     run, _ = dispatch(TURNS["one_call"], long, max_response_chars=64, truncate_side="middle")
     assert run.response.startswith("Tool call success\nstdout: 9") and "...(truncated)..." in run.response
     assert run.response.endswith("execution time: 0.10s")

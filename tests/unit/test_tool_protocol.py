@@ -17,7 +17,7 @@ from rstar.server.agent_loop import LoopConfig, run_trajectory
 from rstar.server.builtin_tools import PYTHON_TOOL, builtin_tool_schemas
 from rstar.server.chat_template import rstar_template
 from rstar.server.model_store import default_tool_protocol
-from rstar.server.tool_results import ExecResult, protocol_max_tool_response_chars, tool_turn_ids, tool_turn_text
+from rstar.server.tool_results import protocol_max_tool_response_chars, tool_turn_ids, tool_turn_text
 from rstar.server.trajectory import Trajectory
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "rstar_template_renders.json"
