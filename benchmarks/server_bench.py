@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the loop benchmark streams from the tests' scripted engine
 MODEL_NAME = "SmolLM2-135M-Instruct"
 MAX_MODEL_LEN = 2048
 PROMPTS = [f"Write two sentences about the number {i}." for i in range(64)]
@@ -185,8 +186,9 @@ def loop_overhead(model_dir: str, quick: bool) -> dict:
     from rstar.server.agent_loop import LoopConfig, run_trajectory
     from rstar.server.builtin_tools import builtin_tool_schemas
     from rstar.server.chat_template import choose_template
-    from rstar.server.engine import EngineStats, SamplingOptions, TokenDelta
     from rstar.sandbox.schemas import RunResult
+    from rstar.server.engine import SamplingOptions
+    from tests.scripted_engine import ScriptedEngine
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     template = choose_template(tokenizer, MODEL_NAME)
@@ -199,24 +201,6 @@ def loop_overhead(model_dir: str, quick: bool) -> dict:
     filler = answer_ids[:-1] * (streamed // len(answer_ids) + 1)
     plain = [filler[: streamed - 1] + [end]]
 
-    class InstantEngine:
-        model_name, max_model_len, weight_version = MODEL_NAME, 32768, 0
-
-        def __init__(self, script: list[list[int]]):
-            self.tokenizer, self.script = tokenizer, list(script)
-
-        async def generate(self, prompt_ids, options, request_id=None):
-            ids = self.script.pop(0)
-            for position, token in enumerate(ids):  # one delta per token, as a real engine streams them
-                last = position == len(ids) - 1
-                yield TokenDelta([token], tokenizer.decode([token]), logprobs=[-0.1], finished=last, finish_reason="stop" if last else None)
-
-        async def abort(self, request_id):
-            pass
-
-        def stats(self):
-            return EngineStats(0, 0, 0, 0.0)
-
     class InstantExecutor:
         async def execute(self, tool, code, stdin, replay, protocol="improved"):
             return RunResult(status="ok", exit_code=0, stdout="42\n", duration_s=0.001)
@@ -224,7 +208,7 @@ def loop_overhead(model_dir: str, quick: bool) -> dict:
     async def timed(script: list[list[int]]) -> float:
         started = time.perf_counter()
         await run_trajectory(
-            InstantEngine(script), template, [{"role": "user", "content": "What is 6*7?"}], builtin_tool_schemas(),
+            ScriptedEngine(tokenizer, script, model_name=MODEL_NAME, max_model_len=32768), template, [{"role": "user", "content": "What is 6*7?"}], builtin_tool_schemas(),
             SamplingOptions(max_tokens=1), InstantExecutor(), LoopConfig(max_turns=turns),
         )
         return time.perf_counter() - started

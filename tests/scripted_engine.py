@@ -1,8 +1,11 @@
-"""A TokenEngine that replays scripted replies: the unit-test stand-in for vLLM.
+"""A TokenEngine that replays scripted replies: the one stand-in for vLLM in unit tests and benchmarks.
 
-It speaks exactly the interface `rstar.server.engine.TokenEngine` defines, streams one token per delta with
-a real tokenizer, honours max_tokens, and records what it was asked and what was aborted, so tests can
-check both sides of the boundary.
+It speaks exactly the interface `rstar.server.engine.TokenEngine` defines, with a real tokenizer, and
+behaves as the real engine does where callers can tell: a text reply is a whole turn, so it ends with the
+turn-end token `<|im_end|>` the model samples (the agent loop keeps a sampled turn end and supplies one
+otherwise); max_tokens cuts a reply and the cut one finishes with "length"; text is decoded as the request
+asks (special tokens skipped by default); logprobs come only when asked. It records what it was asked and
+what was aborted, so tests can check both sides of the boundary.
 """
 
 from __future__ import annotations
@@ -16,47 +19,59 @@ from typing import Any
 
 from rstar.server.engine import EngineStats, SamplingOptions, TokenDelta
 
+TURN_END = "<|im_end|>"
+
 
 @dataclass
 class ScriptedEngine:
     tokenizer: Any
-    replies: list[str]  # served in order, then the last one repeats
+    # Served in order, then the last one repeats. A string is a whole turn (encoded, then the turn end);
+    # a list of token ids is played exactly as given, for scripts that need exact token counts.
+    replies: list[str | list[int]]
     model_name: str = "scripted"
     max_model_len: int = 2048
+    tokens_per_delta: int = 1  # vLLM sometimes streams several tokens in one delta
     token_delay_s: float = 0.0  # > 0 makes streams slow enough to cancel mid-way
     weight_version: int = 0
     prompts: list[list[int]] = field(default_factory=list)
+    sampling: list[SamplingOptions] = field(default_factory=list)  # the options of each generate call
     aborted: list[str] = field(default_factory=list)
     running: set[str] = field(default_factory=set)
     fail_after_tokens: int | None = None  # raise mid-stream, as an engine crash would
     closed: bool = False
 
-    def _next_reply(self) -> str:
-        return self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+    def __post_init__(self) -> None:
+        self.replies = list(self.replies)  # served replies are popped: the caller's list stays as it was
+
+    def _next_reply_ids(self) -> list[int]:
+        reply = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+        if not isinstance(reply, str):
+            return list(reply)
+        return self.tokenizer.encode(reply, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids(TURN_END)]
 
     async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions, request_id: str | None = None) -> AsyncIterator[TokenDelta]:
         request_id = request_id or uuid.uuid4().hex
         self.prompts.append(list(prompt_ids))
-        reply_ids = self.tokenizer.encode(self._next_reply(), add_special_tokens=False)
-        stops_on_eos = len(reply_ids) <= options.max_tokens
+        self.sampling.append(options)
+        reply_ids = self._next_reply_ids()
+        finish_reason = "stop" if len(reply_ids) <= options.max_tokens else "length"
         reply_ids = reply_ids[: options.max_tokens]
         self.running.add(request_id)
         finished = False
         try:
-            for position, token_id in enumerate(reply_ids):
-                if self.fail_after_tokens is not None and position == self.fail_after_tokens:
+            for start in range(0, len(reply_ids), self.tokens_per_delta):
+                if self.fail_after_tokens is not None and start >= self.fail_after_tokens:
                     raise RuntimeError("scripted engine failure")
-                if self.token_delay_s:
-                    await asyncio.sleep(self.token_delay_s)
-                last = position == len(reply_ids) - 1
-                finished = last
+                await asyncio.sleep(self.token_delay_s)  # a real engine yields to the event loop between deltas
+                chunk = reply_ids[start : start + self.tokens_per_delta]
+                finished = start + self.tokens_per_delta >= len(reply_ids)
                 yield TokenDelta(
-                    token_ids=[token_id],
-                    text=self.tokenizer.decode([token_id]),
-                    logprobs=[-0.5] if options.logprobs is not None else None,
-                    top_logprobs=[{token_id: -0.5}] if options.logprobs else None,
-                    finished=last,
-                    finish_reason=("stop" if stops_on_eos else "length") if last else None,
+                    token_ids=chunk,
+                    text=self.tokenizer.decode(chunk, skip_special_tokens=options.skip_special_tokens),
+                    logprobs=[-0.5] * len(chunk) if options.logprobs is not None else None,
+                    top_logprobs=[{token_id: -0.5} for token_id in chunk] if options.logprobs else None,
+                    finished=finished,
+                    finish_reason=finish_reason if finished else None,
                     num_prompt_tokens=len(prompt_ids),
                 )
         finally:

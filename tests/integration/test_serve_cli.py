@@ -20,27 +20,41 @@ from rstar.server.db import Conversation, open_database
 from tests.processes import free_port, wait_until_serving
 
 
+def start_logged(command: list[str], env: dict, log_path, url: str):
+    """Start a CLI server as a user would, its output in `log_path`, and wait until `url` answers."""
+    log = open(log_path, "w")
+    # Ctrl-C as a terminal delivers it: a test run started in the background of a non-interactive shell
+    # inherits SIGINT ignored, and Python keeps it ignored, so the server could not stop the way users stop it.
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    log.close()  # the child holds its own copy
+    wait_until_serving(process, url, log_path, timeout_s=300)
+    return process
+
+
 @pytest.fixture(scope="module")
-def rstar_serve(tmp_path_factory, default_model_dir):
+def sandbox_service(tmp_path_factory):
+    """`rstar sandbox serve`, started on its own, as a deployment runs it beside the API."""
+    port = free_port()
+    log_dir = tmp_path_factory.mktemp("sandbox-service")
+    url = f"http://127.0.0.1:{port}"
+    process = start_logged([sys.executable, "-m", "rstar.cli", "sandbox", "serve", "--port", str(port)], dict(os.environ), log_dir / "sandbox.log", f"{url}/health")
+    yield url
+    process.terminate()
+    process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def rstar_serve(tmp_path_factory, default_model_dir, sandbox_service):
+    """`rstar serve --sandbox-url` against the separately started sandbox service."""
     port = free_port()
     data_dir = tmp_path_factory.mktemp("serve-data")
     env = {**os.environ, "RSTAR_DATA_DIR": str(data_dir), "RSTAR_ENGINE__MAX_MODEL_LEN": "2048"}
-    log = open(data_dir / "serve.log", "w")
-    # Ctrl-C as a terminal delivers it: a test run started in the background of a non-interactive shell
-    # inherits SIGINT ignored, and Python keeps it ignored, so the server could not stop the way users stop it.
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rstar.cli", "serve", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
     base_url = f"http://127.0.0.1:{port}"
-    wait_until_serving(process, f"{base_url}/health", data_dir / "serve.log", timeout_s=300)
+    command = [sys.executable, "-m", "rstar.cli", "serve", "--port", str(port), "--sandbox-url", sandbox_service]
+    process = start_logged(command, env, data_dir / "serve.log", f"{base_url}/health")
     yield process, base_url, data_dir
     if process.poll() is None:
         process.kill()
-    log.close()
 
 
 def test_models_lists_the_default_model(rstar_serve):
@@ -81,6 +95,25 @@ def test_openai_client_streaming(rstar_serve):
     text_chunks = [c for c in chunks if c.choices and (c.choices[0].delta.content or getattr(c.choices[0].delta, "reasoning_content", None))]
     assert len(text_chunks) > 1
     assert chunks[-1].usage.completion_tokens == 20 or chunks[-2].choices[0].finish_reason == "stop"
+
+
+def sandbox_calls(sandbox_url: str) -> float:
+    """Calls the sandbox service answered, all statuses, from its own /metrics."""
+    lines = httpx.get(f"{sandbox_url}/metrics", timeout=10).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("rstar_sandbox_calls_total{"))
+
+
+def test_model_code_runs_in_the_separately_started_sandbox(rstar_serve, sandbox_service):
+    _, base_url, _ = rstar_serve
+    before = sandbox_calls(sandbox_service)
+    call = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(6*7)", "input": ""}}\n</tool_call>'
+    messages = [{"role": "user", "content": "What is 6*7? Use Python."}, {"role": "assistant", "content": "I will run it.\n" + call}]
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused")
+    message = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=80, temperature=0, extra_body={"continue_final_message": True}
+    ).choices[0].message
+    assert message.code_cells and (message.code_cells[0]["status"], message.code_cells[0]["stdout"]) == ("ok", "42\n"), message
+    assert sandbox_calls(sandbox_service) == before + 1  # the service ran it: the API has no sandbox of its own
 
 
 def test_second_server_on_the_same_port_fails_fast(rstar_serve):

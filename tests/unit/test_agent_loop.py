@@ -28,6 +28,7 @@ from rstar.server.engine import SamplingOptions, TokenDelta
 from rstar.server.tool_calls import TextDelta, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
 from rstar.server.tool_results import tool_turn_text
 from rstar.server.trajectory import Trajectory
+from tests.scripted_engine import ScriptedEngine
 
 QUESTION = [{"role": "user", "content": "How many positive divisors does 2024 have?"}]
 TOOLS = builtin_tool_schemas([PYTHON_TOOL, JUPYTER_TOOL])
@@ -38,44 +39,10 @@ def call(code: str, name: str = PYTHON_TOOL) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": {"code": code, "input": ""}}) + "\n</tool_call>"
 
 
-class ScriptedEngine:
-    """Speaks TokenEngine: each generate() plays the next scripted turn, three tokens per delta, ending it
-    with the end-of-turn token unless max_tokens cuts it first."""
-
-    model_name = "scripted"
-
-    def __init__(self, tokenizer, turns: list[str], max_model_len: int = 4096):
-        self.tokenizer, self.turns, self.max_model_len = tokenizer, list(turns), max_model_len
-        self.weight_version = 7
-        self.end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.requests: list[tuple[list[int], SamplingOptions]] = []
-        self.closed_early: list[str] = []
-
-    async def generate(self, prompt_ids, options, request_id=None):
-        self.requests.append((list(prompt_ids), options))
-        ids = self.tokenizer.encode(self.turns.pop(0), add_special_tokens=False) + [self.end_of_turn]
-        finish = "stop"
-        if len(ids) > options.max_tokens:
-            ids, finish = ids[: options.max_tokens], "length"
-        finished = False
-        try:
-            for start in range(0, len(ids), 3):
-                chunk = ids[start : start + 3]
-                finished = start + 3 >= len(ids)
-                await asyncio.sleep(0)
-                yield TokenDelta(
-                    token_ids=chunk,
-                    text=self.tokenizer.decode(chunk, skip_special_tokens=True),
-                    logprobs=[-0.5] * len(chunk),
-                    finished=finished,
-                    finish_reason=finish if finished else None,
-                )
-        finally:
-            if not finished:
-                self.closed_early.append(request_id)
-
-    async def abort(self, request_id):
-        self.closed_early.append(request_id)
+def scripted_engine(tokenizer, turns: list[str], **options) -> ScriptedEngine:
+    """The scripted engine streaming three tokens per delta, so the loop's parsers see tokens arrive in
+    groups as they do from vLLM."""
+    return ScriptedEngine(tokenizer, turns, tokens_per_delta=3, **options)
 
 
 class ScriptedExecutor:
@@ -116,7 +83,7 @@ def template(request, default_tokenizer):
 
 
 def test_token_stream_equals_the_rendered_conversation(template, default_tokenizer):
-    engine = ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS)
+    engine = scripted_engine(default_tokenizer, TWO_TOOL_TURNS)
     trajectory = run(engine, ScriptedExecutor(OUTPUTS), template)
     assert trajectory.stop_reason == "stop" and len(trajectory.turns) == 3
 
@@ -129,7 +96,7 @@ def test_token_stream_equals_the_rendered_conversation(template, default_tokeniz
 
 
 def test_mask_zero_tokens_are_exactly_the_tool_turns(template, default_tokenizer):
-    trajectory = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template)
+    trajectory = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template)
     spans, current = [], []
     for token, mask in zip(trajectory.response_ids, trajectory.response_mask):
         if mask == 0:
@@ -147,18 +114,18 @@ def test_mask_zero_tokens_are_exactly_the_tool_turns(template, default_tokenizer
 
 
 def test_never_retokenizes_history(default_tokenizer):
-    engine = ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS)
+    engine = scripted_engine(default_tokenizer, TWO_TOOL_TURNS)
     trajectory = run(engine, ScriptedExecutor(OUTPUTS), rstar_template(default_tokenizer))
     full = trajectory.prompt_ids + trajectory.response_ids
-    for prompt, _ in engine.requests:
+    for prompt in engine.prompts:
         assert full[: len(prompt)] == prompt
-    assert [len(prompt) for prompt, _ in engine.requests][0] == len(trajectory.prompt_ids)
+    assert [len(prompt) for prompt in engine.prompts][0] == len(trajectory.prompt_ids)
     turn_starts = [len(trajectory.prompt_ids) + turn.start for turn in trajectory.turns]
-    assert [len(prompt) for prompt, _ in engine.requests] == turn_starts
+    assert [len(prompt) for prompt in engine.prompts] == turn_starts
 
 
 def test_trajectory_records_logprobs_calls_and_versions(default_tokenizer):
-    trajectory = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), rstar_template(default_tokenizer))
+    trajectory = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS, weight_version=7), ScriptedExecutor(OUTPUTS), rstar_template(default_tokenizer))
     assert len(trajectory.logprobs) == len(trajectory.response_ids) == len(trajectory.response_mask)
     assert {lp for lp, m in zip(trajectory.logprobs, trajectory.response_mask) if m == 1} == {-0.5}
     assert {lp for lp, m in zip(trajectory.logprobs, trajectory.response_mask) if m == 0} == {0.0}
@@ -174,20 +141,20 @@ def test_trajectory_records_logprobs_calls_and_versions(default_tokenizer):
 
 def test_one_budget_for_the_whole_trajectory(default_tokenizer):
     template = rstar_template(default_tokenizer)
-    full = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template)
+    full = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template)
     budget = full.turns[2].start + 5  # the third turn gets only what the first two and both tool turns left
-    engine = ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS)
+    engine = scripted_engine(default_tokenizer, TWO_TOOL_TURNS)
     cut = run(engine, ScriptedExecutor(OUTPUTS), template, LoopConfig(max_response_tokens=budget))
-    assert [options.max_tokens for _, options in engine.requests] == [budget, budget - full.turns[1].start, 5]
+    assert [options.max_tokens for options in engine.sampling] == [budget, budget - full.turns[1].start, 5]
     assert cut.stop_reason == "length" and len(cut.response_ids) == budget
     assert cut.response_ids == full.response_ids[:budget]
 
 
 def test_a_tool_turn_that_would_fill_the_budget_ends_the_trajectory(default_tokenizer):
     template = rstar_template(default_tokenizer)
-    full = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template)
+    full = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template)
     budget = full.turns[1].start  # first turn + its tool turn exactly fill it
-    cut = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template, LoopConfig(max_response_tokens=budget))
+    cut = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template, LoopConfig(max_response_tokens=budget))
     assert cut.stop_reason == "length"
     assert cut.response_ids == full.response_ids[: full.turns[0].end]  # the last tokens are the model's
     assert set(cut.response_mask) == {1}
@@ -197,29 +164,29 @@ def test_a_tool_turn_that_would_fill_the_budget_ends_the_trajectory(default_toke
 def test_context_window_caps_the_budget(default_tokenizer):
     template = rstar_template(default_tokenizer)
     prompt_len = len(template.encode(QUESTION, TOOLS))
-    engine = ScriptedEngine(default_tokenizer, ["Short answer."], max_model_len=prompt_len + 3)
+    engine = scripted_engine(default_tokenizer, ["Short answer."], max_model_len=prompt_len + 3)
     trajectory = run(engine, ScriptedExecutor(), template, LoopConfig(max_response_tokens=1000))
-    assert engine.requests[0][1].max_tokens == 3
+    assert engine.sampling[0].max_tokens == 3
     assert trajectory.stop_reason == "length"
 
 
 def test_turn_limit_stops_before_running_the_pending_call(default_tokenizer):
     executor = ScriptedExecutor(OUTPUTS)
-    trajectory = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), executor, rstar_template(default_tokenizer), LoopConfig(max_turns=2))
+    trajectory = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), executor, rstar_template(default_tokenizer), LoopConfig(max_turns=2))
     assert trajectory.stop_reason == "max_turns"
     assert len(trajectory.turns) == 2 and len(executor.calls) == 1
     assert trajectory.response_mask[-1] == 1
 
 
 def test_no_call_ends_after_one_turn(default_tokenizer):
-    trajectory = run(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS[2:]), ScriptedExecutor(), rstar_template(default_tokenizer))
+    trajectory = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS[2:]), ScriptedExecutor(), rstar_template(default_tokenizer))
     assert trajectory.stop_reason == "stop" and trajectory.tool_calls == [] and set(trajectory.response_mask) == {1}
 
 
 def test_only_the_first_call_of_a_turn_runs_by_default(default_tokenizer):
     turns = ["Two at once.\n" + call("print(1)") + "\n" + call("print(2)"), "Done.</reason><answer>1</answer>"]
     executor = ScriptedExecutor()
-    trajectory = run(ScriptedEngine(default_tokenizer, turns), executor, rstar_template(default_tokenizer))
+    trajectory = run(scripted_engine(default_tokenizer, turns), executor, rstar_template(default_tokenizer))
     assert [code for code, _, _ in executor.calls] == ["print(1)"]
     assert len(trajectory.tool_calls) == 1
 
@@ -228,7 +195,7 @@ def test_parallel_calls_share_one_tool_turn(default_tokenizer):
     turns = ["Two at once.\n" + call("print(1)") + "\n" + call("print(2)"), "Done.</reason><answer>1</answer>"]
     executor = ScriptedExecutor({"print(1)": "1\n", "print(2)": "2\n"})
     template = rstar_template(default_tokenizer)
-    trajectory = run(ScriptedEngine(default_tokenizer, turns), executor, template, LoopConfig(max_parallel_calls=2))
+    trajectory = run(scripted_engine(default_tokenizer, turns), executor, template, LoopConfig(max_parallel_calls=2))
     assert sorted(code for code, _, _ in executor.calls) == ["print(1)", "print(2)"]
     tool_text = default_tokenizer.decode([t for t, m in zip(trajectory.response_ids, trajectory.response_mask) if m == 0], skip_special_tokens=False)
     assert tool_text.count("<|im_start|>user") == 1 and tool_text.count("<tool_response>") == 2
@@ -238,7 +205,7 @@ def test_parallel_calls_share_one_tool_turn(default_tokenizer):
 def test_malformed_call_is_answered_with_the_decode_error(default_tokenizer):
     turns = ['Oops.\n<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "1"\n</tool_call>', "Fine.</reason>"]
     executor = ScriptedExecutor()
-    trajectory = run(ScriptedEngine(default_tokenizer, turns), executor, rstar_template(default_tokenizer))
+    trajectory = run(scripted_engine(default_tokenizer, turns), executor, rstar_template(default_tokenizer))
     assert executor.calls == []
     assert trajectory.tool_calls[0].response.startswith("Failed to decode tool call: Expecting ',' delimiter")
     assert "<tool_response>\nFailed to decode tool call:" in default_tokenizer.decode(trajectory.response_ids, skip_special_tokens=False)
@@ -253,7 +220,7 @@ def test_jupyter_cells_replay_earlier_ones_including_from_the_conversation(defau
     assert prior_jupyter_cells(history) == ["a = 1"]
     turns = [call("b = a + 1", JUPYTER_TOOL), call("b", JUPYTER_TOOL), "2.</reason>"]
     executor = ScriptedExecutor()
-    run(ScriptedEngine(default_tokenizer, turns), executor, rstar_template(default_tokenizer), messages=history)
+    run(scripted_engine(default_tokenizer, turns), executor, rstar_template(default_tokenizer), messages=history)
     assert executor.calls == [("b = a + 1", "", ["a = 1"]), ("b", "", ["a = 1", "b = a + 1"])]
 
 
@@ -261,7 +228,7 @@ def test_a_client_declared_tool_ends_the_loop_with_the_call(default_tokenizer):
     turns = ['<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>']
     executor = ScriptedExecutor()
     config = LoopConfig(client_tools=frozenset({"get_weather"}))
-    trajectory = run(ScriptedEngine(default_tokenizer, turns), executor, rstar_template(default_tokenizer), config)
+    trajectory = run(scripted_engine(default_tokenizer, turns), executor, rstar_template(default_tokenizer), config)
     assert trajectory.stop_reason == "tool_calls" and executor.calls == []
     record = trajectory.tool_calls[0]
     assert (record.name, record.arguments, record.response) == ("get_weather", {"city": "Paris"}, None)
@@ -275,7 +242,7 @@ def collect_events(engine, executor, template, config=LoopConfig()):
 
 
 def test_events_stream_reasoning_code_and_results_in_order(default_tokenizer):
-    events = collect_events(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), rstar_template(default_tokenizer))
+    events = collect_events(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), rstar_template(default_tokenizer))
     kinds = []
     for event in events:
         kind = type(event).__name__
@@ -299,7 +266,7 @@ def test_events_stream_reasoning_code_and_results_in_order(default_tokenizer):
 
 
 def test_closing_the_event_stream_aborts_the_engine_request(default_tokenizer):
-    engine = ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS)
+    engine = scripted_engine(default_tokenizer, TWO_TOOL_TURNS)
 
     async def go():
         events = run_agent(engine, rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, ScriptedExecutor(), request_id="r1")
@@ -309,7 +276,7 @@ def test_closing_the_event_stream_aborts_the_engine_request(default_tokenizer):
                     break  # the client went away mid-turn
 
     asyncio.run(go())
-    assert engine.closed_early == ["r1-0"]
+    assert engine.aborted == ["r1-0"]
 
 
 def test_cancelling_during_a_tool_call_cancels_the_sandbox_job(default_tokenizer):
@@ -319,7 +286,7 @@ def test_cancelling_during_a_tool_call_cancels_the_sandbox_job(default_tokenizer
         started = asyncio.Event()
 
         async def consume():
-            async for event in run_agent(ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS), rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, executor):
+            async for event in run_agent(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, executor):
                 if isinstance(event, ToolExecutionStarted):
                     started.set()
 
@@ -343,7 +310,7 @@ def test_a_trajectory_through_the_real_sandbox(default_tokenizer):
 
     async def go():
         async with LocalClient(SandboxSettings()) as client:
-            engine = ScriptedEngine(default_tokenizer, TWO_TOOL_TURNS)
+            engine = scripted_engine(default_tokenizer, TWO_TOOL_TURNS)
             return await run_trajectory(engine, rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, SandboxExecutor(client))
 
     trajectory = asyncio.run(go())
@@ -357,7 +324,7 @@ def test_closing_between_parallel_calls_cancels_the_started_job(default_tokenize
     executor = ScriptedExecutor(block=True)
 
     async def go():
-        engine = ScriptedEngine(default_tokenizer, turns)
+        engine = scripted_engine(default_tokenizer, turns)
         events = run_agent(engine, rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, executor, LoopConfig(max_parallel_calls=2))
         async with contextlib.aclosing(events):
             async for event in events:
@@ -375,7 +342,7 @@ def test_closing_between_parallel_calls_cancels_the_started_job(default_tokenize
 def test_a_call_whose_name_is_not_a_string_is_answered_not_raised(default_tokenizer):
     turns = ['<tool_call>{"name": ["python"], "arguments": {}}</tool_call>', "Ok.</reason>"]
     config = LoopConfig(client_tools=frozenset({"get_weather"}))
-    trajectory = run(ScriptedEngine(default_tokenizer, turns), ScriptedExecutor(), rstar_template(default_tokenizer), config)
+    trajectory = run(scripted_engine(default_tokenizer, turns), ScriptedExecutor(), rstar_template(default_tokenizer), config)
     assert trajectory.tool_calls[0].response == "Error when executing tool: ['python']"
     assert trajectory.stop_reason == "stop"
 
@@ -383,7 +350,7 @@ def test_a_call_whose_name_is_not_a_string_is_answered_not_raised(default_tokeni
 def test_a_continued_final_message_runs_its_call_first_token_exactly(template, default_tokenizer):
     given = {"role": "assistant", "content": template.generation_prefix + "Let me count.\n" + call("print(4 * 2 * 2)")}
     answer = "There are 16.</reason>\n<answer>\\boxed{16}</answer>"
-    engine = ScriptedEngine(default_tokenizer, [answer])
+    engine = scripted_engine(default_tokenizer, [answer])
     messages = [*QUESTION, given]
     trajectory = asyncio.run(run_trajectory(engine, template, messages, TOOLS, SAMPLING, ScriptedExecutor(OUTPUTS), continue_final_message=True))
     assert [(c.turn, c.stdout) for c in trajectory.tool_calls] == [(-1, "16\n")]
@@ -400,10 +367,10 @@ def test_a_continued_final_message_runs_its_call_first_token_exactly(template, d
 def test_a_continued_partial_message_is_extended_and_its_call_parsed_whole(default_tokenizer):
     template = choose_template(default_tokenizer, "SmolLM2-135M-Instruct")
     start = call("print(4 * 2 * 2)")[:30]
-    engine = ScriptedEngine(default_tokenizer, [call("print(4 * 2 * 2)")[30:], "16."])
+    engine = scripted_engine(default_tokenizer, [call("print(4 * 2 * 2)")[30:], "16."])
     messages = [*QUESTION, {"role": "assistant", "content": start}]
     events = asyncio.run(_collect(run_agent(engine, template, messages, TOOLS, SAMPLING, ScriptedExecutor(OUTPUTS), continue_final_message=True)))
-    assert default_tokenizer.decode(engine.requests[0][0]).endswith(start)
+    assert default_tokenizer.decode(engine.prompts[0]).endswith(start)
     trajectory = events[-1].trajectory
     assert [(c.turn, c.stdout) for c in trajectory.tool_calls] == [(0, "16\n")]
     # The call's start was given: its name still reaches the client, its text does not come back.
@@ -412,7 +379,7 @@ def test_a_continued_partial_message_is_extended_and_its_call_parsed_whole(defau
 
 
 def test_a_switched_off_builtin_is_answered_as_unknown(default_tokenizer):
-    engine = ScriptedEngine(default_tokenizer, [call("print(1)"), "ok"])
+    engine = scripted_engine(default_tokenizer, [call("print(1)"), "ok"])
     executor = ScriptedExecutor()
     config = LoopConfig(builtin_tools=frozenset({JUPYTER_TOOL}))
     trajectory = run(engine, executor, rstar_template(default_tokenizer), config)
@@ -422,9 +389,9 @@ def test_a_switched_off_builtin_is_answered_as_unknown(default_tokenizer):
 
 
 def test_without_any_tools_the_first_turn_is_the_answer(default_tokenizer):
-    engine = ScriptedEngine(default_tokenizer, [call("print(1)")])
+    engine = scripted_engine(default_tokenizer, [call("print(1)")])
     trajectory = run(engine, ScriptedExecutor(), rstar_template(default_tokenizer), LoopConfig(builtin_tools=frozenset()), tools=[])
-    assert trajectory.stop_reason == "stop" and trajectory.tool_calls == [] and len(engine.requests) == 1
+    assert trajectory.stop_reason == "stop" and trajectory.tool_calls == [] and len(engine.prompts) == 1
 
 
 async def _collect(events):

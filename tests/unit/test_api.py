@@ -26,7 +26,8 @@ def test_chat_completion_returns_the_generation_with_usage(make_server):
     assert completion.choices[0].message.content == REPLY
     assert completion.choices[0].finish_reason == "stop"
     assert completion.usage.prompt_tokens == len(engine.prompts[0])
-    assert completion.usage.completion_tokens == len(engine.tokenizer.encode(REPLY))
+    # The sampled turn end counts, as vLLM counts a sampled end-of-sequence token; its text is not shown.
+    assert completion.usage.completion_tokens == len(engine.tokenizer.encode(REPLY)) + 1
     # The prompt is the model's own chat template around the user's message.
     assert "What is 2+2?" in engine.tokenizer.decode(engine.prompts[0])
 
@@ -63,7 +64,7 @@ def test_logprobs_come_back_per_token(make_server):
     client, _, _, _ = make_server()
     completion = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=1)
     entries = completion.choices[0].logprobs.content
-    assert "".join(e.token for e in entries) == REPLY
+    assert "".join(e.token for e in entries) == REPLY + "<|im_end|>"  # every sampled token, the turn end too
     assert all(e.logprob == -0.5 and len(e.top_logprobs) == 1 for e in entries)
 
 

@@ -155,13 +155,13 @@ def test_completions_from_text_and_token_ids(make_server):
     client, _, engine, _ = make_server()
     completion = client.completions.create(model="scripted", prompt="2+2=", max_tokens=50, logprobs=1)
     assert completion.choices[0].text == REPLY and completion.choices[0].finish_reason == "stop"
-    assert "".join(completion.choices[0].logprobs.tokens) == REPLY
+    assert "".join(completion.choices[0].logprobs.tokens) == REPLY + "<|im_end|>"  # the sampled turn end has a logprob too
     assert engine.prompts[0] == engine.tokenizer.encode("2+2=")
     client.completions.create(model="scripted", prompt=[1, 2, 3], max_tokens=5)
     assert engine.prompts[1] == [1, 2, 3]
     chunks = list(client.completions.create(model="scripted", prompt="hi", max_tokens=50, stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == REPLY
-    assert chunks[-1].usage.completion_tokens == len(engine.tokenizer.encode(REPLY))
+    assert chunks[-1].usage.completion_tokens == len(engine.tokenizer.encode(REPLY)) + 1  # the sampled turn end counts
 
 
 def test_tokenize_and_detokenize_round_trip(make_server):

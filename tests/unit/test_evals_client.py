@@ -123,7 +123,8 @@ def test_in_process_rstar_answer_runs_the_tool_loop(default_tokenizer):
     prompt = default_tokenizer.decode(engine.prompts[0])
     assert "You must put your answer inside <answer> </answer> tags" in prompt and "python_code_with_standard_io" in prompt
     sampled = sum(len(default_tokenizer.encode(t, add_special_tokens=False)) for t in (tool_turn, "It is 4.</reason>\n<answer>\\boxed{4}</answer>"))
-    assert completion.completion_tokens == sampled  # the model's tokens; the tool turn's are not counted
+    # the model's tokens, each turn's sampled <|im_end|> included; the tool turn's are not counted
+    assert completion.completion_tokens == sampled + 2
 
 
 def test_in_process_client_tools_come_back_as_calls(default_tokenizer):

@@ -17,7 +17,7 @@ from rstar.server.chat_template import rstar_template
 from rstar.server.engine import SamplingOptions
 from rstar.server.tool_results import render_exec_result
 from tests.unit.golden_files import check_json
-from tests.unit.test_agent_loop import ScriptedEngine, ScriptedExecutor, call
+from tests.unit.test_agent_loop import scripted_engine, ScriptedExecutor, call
 
 TOOLS = builtin_tool_schemas([PYTHON_TOOL])
 PROBLEM = "What is 59154 times 42196?"
@@ -46,7 +46,7 @@ def template(default_tokenizer):
 
 def test_encoding_equals_what_the_agent_loop_serves(template, default_tokenizer):
     encoded = encode_conversation(template, conversation(), TOOLS)
-    engine, executor = ScriptedEngine(default_tokenizer, TURNS), ScriptedExecutor({CODE: RESULT.stdout})
+    engine, executor = scripted_engine(default_tokenizer, TURNS), ScriptedExecutor({CODE: RESULT.stdout})
     trajectory = asyncio.run(run_trajectory(engine, template, conversation()[:1], TOOLS, SamplingOptions(max_tokens=1), executor, LoopConfig(max_turns=3)))
     assert trajectory.prompt_ids == encoded.prompt_ids
     assert trajectory.response_ids == encoded.response_ids

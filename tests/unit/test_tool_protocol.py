@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_agent_loop import QUESTION, SAMPLING, ScriptedEngine, ScriptedExecutor, call
+from test_agent_loop import QUESTION, SAMPLING, scripted_engine, ScriptedExecutor, call
 
 from rstar.config import load_settings
 from rstar.server.agent_loop import LoopConfig, run_trajectory
@@ -76,7 +76,7 @@ def run(tokenizer, turns, protocol, executor=None, **config) -> tuple[Trajectory
     executor = executor or ScriptedExecutor({"print(2 + 3)": "5\n"})
     loop = LoopConfig(tool_protocol=protocol, **config)
     tools = builtin_tool_schemas([PYTHON_TOOL])
-    trajectory = asyncio.run(run_trajectory(ScriptedEngine(tokenizer, turns), rstar_template(tokenizer), QUESTION, tools, SAMPLING, executor, loop))
+    trajectory = asyncio.run(run_trajectory(scripted_engine(tokenizer, turns), rstar_template(tokenizer), QUESTION, tools, SAMPLING, executor, loop))
     return trajectory, executor
 
 
