@@ -8,6 +8,7 @@ calls it held get `internal_error`), and refuses to start without isolation unle
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import shutil
@@ -96,6 +97,12 @@ class ZygoteProcess:
             return await asyncio.wait_for(asyncio.shield(future), wait_s)
         except (ConnectionError, AttributeError):
             return {"status": "internal_error", "stderr": "the sandbox zygote is not running"}
+        except asyncio.CancelledError:
+            # The caller is gone (a client disconnected): have the zygote kill the cell now; left alone it would
+            # run to its deadline, holding a worker. Its answer then finds no one waiting and is dropped.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.send({"op": "cancel", "job": call_id}))
+            raise
         finally:
             self.pending.pop(call_id, None)
 

@@ -188,6 +188,8 @@ class Zygote:
                 self.close_session(message.get("session"))
             elif op == "ps":
                 self.send({"op": "ps", "id": message.get("id"), "processes": self.process_table()})
+            elif op == "cancel":
+                self.cancel(message.get("job"))
             elif op == "shutdown":
                 self.running = False
 
@@ -315,6 +317,13 @@ class Zygote:
                 self.finish(job)
         for sid in self.sessions.expired(now):
             self.close_session(sid)
+
+    def cancel(self, job_id) -> None:
+        """The caller went away (an API client left mid-answer): stop its job now, not at its deadline."""
+        for job in self.all_jobs():
+            if job.id == job_id and job.kill_reason is None:
+                job.kill_reason = "cancelled"
+                self.finish(job)
 
     def finish(self, job: Job) -> None:
         """Answer the job if it is done (or stopped), then tear its child down."""

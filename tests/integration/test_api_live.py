@@ -187,7 +187,6 @@ def sandbox_cells(live_server, loop_thread) -> list[dict]:
     return loop_thread.run(live_server.app.state.serving.sandbox.pool.processes())
 
 
-@pytest.mark.xfail(strict=True, reason="found by this test: the cell was still running 15 s after the client left (2026-12-01)")
 def test_a_client_leaving_kills_its_real_sandbox_job(live_server, loop_thread):
     code = "import time\ntime.sleep(50)\nprint(1)"
     call = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": %s, "input": ""}}\n</tool_call>' % json.dumps(code)

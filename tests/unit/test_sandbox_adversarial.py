@@ -202,3 +202,25 @@ def test_nothing_is_left_after_the_pool_closes(sandbox_host_processes_fn):
         time.sleep(0.05)
     assert sandbox_host_processes_fn(62000, 16) == []
     assert not Path(f"/proc/{zygote_pid}").exists()
+
+
+def test_a_caller_that_goes_away_stops_its_cell_at_once(sandbox_pool):
+    """A cancelled run (an API client that left mid-answer) kills its cell in the zygote now, not at its deadline."""
+    import asyncio
+    import contextlib
+
+    async def leave_while_it_runs():
+        task = asyncio.ensure_future(sandbox_pool.pool.run({"code": "import time\ntime.sleep(30)", "timeout_s": 30}))
+        deadline = time.monotonic() + 10
+        while not any(p["role"] == "running" for p in await sandbox_pool.pool.processes()):
+            assert time.monotonic() < deadline, "the cell did not start"
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    left = time.monotonic()
+    sandbox_pool.call(leave_while_it_runs())
+    assert [p for p in sandbox_pool.settled_processes() if p["role"] not in ("spare", "session")] == []
+    assert time.monotonic() - left < 15  # the 30 s cell did not run out its time
+    assert sandbox_pool.run("print(1)").stdout == "1\n"  # the worker it held serves again
