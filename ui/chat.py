@@ -115,8 +115,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
             with gr.Row():
                 box = gr.Textbox(show_label=False, placeholder="Your message (Enter to send)", scale=8, elem_id="chat-input", autofocus=True)
                 send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
-                # Enabled only while an answer streams: its turning off is the page's end-of-answer signal.
-                stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop", interactive=False)
+                stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
             gr.Examples(EXAMPLES, inputs=box, label="Examples")
             with gr.Accordion("Settings", open=False, elem_id="chat-settings"):
                 with gr.Row():
@@ -135,7 +134,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
 
     async def respond(text, state, model, temperature, max_tokens, max_turns, tools, system, prefix):
         if not text.strip():
-            yield gr.skip(), state, gr.skip(), "", gr.skip()
+            yield gr.skip(), state, gr.skip(), ""
             return
         payload = request_payload(state, text, model, temperature, max_tokens, max_turns, tools, system, prefix or "")
         user = {"role": "user", "content": text}
@@ -143,7 +142,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
         turn = AssistantTurn()
         # Each yield carries the state as it stands, so a stop keeps the partial answer in the history.
         progress = {**state, "messages": [*state["messages"], user], "display": shown}
-        yield shown + turn_messages(turn, streaming=True), progress, "", "", gr.update(interactive=True)
+        yield shown + turn_messages(turn, streaming=True), progress, "", ""
         stored_as = None
         try:
             async for event in client.stream_chat(payload):
@@ -159,7 +158,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
                 elif event.kind == "finished":
                     turn.finish_reason = event.value
                 progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": shown + turn_messages(turn)}
-                yield shown + turn_messages(turn, streaming=True), progress, gr.skip(), "", gr.skip()
+                yield shown + turn_messages(turn, streaming=True), progress, gr.skip(), ""
             # The server stores the exchange once the answer is complete; a stopped one may not exist there,
             # so only a finished stream's id is sent back next time.
             progress["conversation_id"] = stored_as or progress["conversation_id"]
@@ -169,7 +168,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
             log.exception("chat stream failed")
             turn.error = f"Unexpected error: {type(exc).__name__}: {exc}"
         progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": shown + turn_messages(turn)}
-        yield progress["display"], progress, gr.skip(), "", gr.update(interactive=False)
+        yield progress["display"], progress, gr.skip(), ""
 
     async def list_conversations(selected):
         try:
@@ -212,14 +211,14 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
         return gr.update(value=out.name, visible=True), ""
 
     settings = [model, temperature, max_tokens, max_turns, tools, system, prefix]
-    outputs = [chatbot, state, box, alert, stop]
+    outputs = [chatbot, state, box, alert]
     # Progress shows on the chat only: the input box stays usable for the next message.
     submitted = box.submit(respond, [box, state, *settings], outputs, show_progress_on=chatbot)
     clicked = send.click(respond, [box, state, *settings], outputs, show_progress_on=chatbot)
     for event in (submitted, clicked):
         event.then(list_conversations, conversations, [conversations, alert])
     # Cancelling the handler's task closes its HTTP stream, and the server aborts the generation.
-    stop.click(lambda: gr.update(interactive=False), None, stop, cancels=[submitted, clicked])
+    stop.click(None, None, None, cancels=[submitted, clicked])
     new_chat.click(lambda: ([], new_state(), None, ""), None, [chatbot, state, conversations, alert])
     refresh.click(list_conversations, conversations, [conversations, alert])
     open_button.click(open_conversation, conversations, [chatbot, state, alert])

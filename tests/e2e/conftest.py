@@ -84,24 +84,9 @@ def new_page(browser, request):
     assert not page_errors, f"JavaScript errors on the page: {page_errors}"
 
 
-# Counts, in the page itself, the answers that ended by the UI's own signal: Stop is enabled while an answer
-# streams and disabled when it ends (finished, failed or stopped). Counting in the page misses no answer,
-# however fast it is or however slowly the test polls.
-COUNT_ENDED_ANSWERS = """() => {
-    const stop = document.querySelector('#stop');
-    let streaming = !stop.disabled;
-    window.answersEnded = 0;
-    new MutationObserver(() => {
-        if (!stop.disabled) streaming = true;
-        else if (streaming) { streaming = false; window.answersEnded += 1; }
-    }).observe(stop, {attributes: true, attributeFilter: ['disabled']});
-}"""
-
-
 @pytest.fixture
 def page(new_page, ui_url):
-    """The UI on the live server, loaded and connected, counting ended answers (`window.answersEnded`)."""
+    """The UI on the live server, loaded and connected."""
     page = new_page(ui_url)
     page.wait_for_function("document.querySelector('#server-status')?.innerText.includes('Connected to')", timeout=30_000)
-    page.evaluate(COUNT_ENDED_ANSWERS)
     return page

@@ -36,11 +36,21 @@ def chat_text(page) -> str:
     return page.locator("#chatbot").inner_text()
 
 
-def wait_for_answer(page, number: int = 1, timeout_s: float = 300) -> str:
-    """Wait until the page has ended `number` answers (see `COUNT_ENDED_ANSWERS`), never for a quiet period: a
-    slow engine can be quiet for seconds mid-answer. Returns the chat's text then."""
-    page.wait_for_function(f"window.answersEnded >= {number}", timeout=timeout_s * 1000)
-    return chat_text(page)
+def wait_until_settled(page, timeout: float = 120, quiet_s: float = 3.0) -> list[str]:
+    """Poll the chat until its text stops changing and Gradio is done; returns every distinct text seen."""
+    seen: list[str] = []
+    last_change = time.time()
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        text = chat_text(page)
+        if not seen or text != seen[-1]:
+            seen.append(text)
+            last_change = time.time()
+        generating = page.locator("#chatbot .pending, #chatbot .generating").count() > 0
+        if not generating and time.time() - last_change > quiet_s:
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"the chat did not settle in {timeout} s; last text: {seen[-1][-500:]!r}")
 
 
 def answer_after(text: str, prompt: str) -> str:
@@ -66,7 +76,7 @@ def test_a_message_streams_an_answer(page):
     page.evaluate(RECORD_CHAT)
     page.fill("#chat-input textarea", prompt)
     page.locator("#chat-input textarea").press("Enter")
-    wait_for_answer(page)
+    wait_until_settled(page)
     shown = [answer_after(text, prompt) for text in page.evaluate("window.chatTexts")]
     final = shown[-1]
     assert len(final) > 20 and "⚠" not in final, final
@@ -82,7 +92,7 @@ def test_a_code_cell_shows_with_its_output(page):
     page.fill("#chat-input textarea", "What is 6*7? Use Python.")
     page.click("#send")
     page.wait_for_function("document.querySelector('#chatbot').innerText.includes('Python cell 1 · ✓ ok')", timeout=120_000)
-    wait_for_answer(page)
+    wait_until_settled(page)
     # The cell appeared while it ran (code shown, no output yet), then again with its result.
     running = [text for text in page.evaluate("window.chatTexts") if "Python cell 1 · running…" in text]
     assert running and "time.sleep(1); print(6*7)" in running[0] and "stdout" not in running[0]
@@ -99,7 +109,7 @@ def test_a_long_output_is_cut_with_a_way_to_expand(page):
     page.fill("#chat-input textarea", "List the first forty squares.")
     page.click("#send")
     page.wait_for_function("document.querySelector('#chatbot').innerText.includes('Python cell 1 · ✓ ok')", timeout=120_000)
-    wait_for_answer(page)
+    wait_until_settled(page)
     toggle = page.locator("#chatbot summary", has_text="Show all 40 lines")
     last_square = page.locator("#chatbot code", has_text="1521")  # 39 * 39: past the 20 lines shown
     assert toggle.count() == 1 and "361" in page.locator("#chatbot").inner_text()  # 19 * 19, the head's last
@@ -128,7 +138,7 @@ def test_the_stop_button_cancels_the_generation_on_the_server(page, live_server)
     set_chat_settings(page, max_tokens=8, temperature=0.0)
     page.fill("#chat-input textarea", "Thanks, that is enough.")
     page.click("#send")
-    final = wait_for_answer(page, 2)  # the stopped answer was the first
+    final = wait_until_settled(page)[-1]
     assert "Thanks, that is enough." in final and "⚠" not in answer_after(final, "Thanks, that is enough.")
 
 
@@ -156,7 +166,7 @@ def test_a_stored_conversation_opens(page, live_server):
     set_chat_settings(page, max_tokens=8)
     page.fill("#chat-input textarea", "And another one?")
     page.click("#send")
-    wait_for_answer(page)
+    wait_until_settled(page)
     stored = httpx.get(f"{live_server.base_url}/v1/conversations/{conversation_id}").json()
     assert [m["content"] for m in stored["messages"] if m["role"] == "user"] == [probe, "And another one?"]
     # Export as JSON downloads the open chat.
