@@ -27,6 +27,8 @@ from rstar.server.tool_results import ToolProtocol
 T = TypeVar("T")
 
 SSE_DONE = "data: [DONE]\n\n"
+# Template variants kept for reuse (per template choice and chat_template_kwargs); more are built per request.
+MAX_CACHED_TEMPLATES = 32
 
 
 @dataclass
@@ -43,7 +45,9 @@ class Serving:
     admission: Admission
     tool_protocol: ToolProtocol  # the server's choice for its model; a request may pick the other
 
-    templates: dict[str, ChatTemplate] = field(default_factory=dict)  # per-request choices, built once each
+    # Per-request choices, built once each: by template name, and by (name, chat_template_kwargs) so a
+    # benchmark sending the same variables with every request does not compile the template every time.
+    templates: dict[Any, ChatTemplate] = field(default_factory=dict)
 
     def template_for(self, kind: str | None, variables: Mapping[str, Any] | None = None) -> ChatTemplate:
         """The template a request asked for ("rstar" or "model"), or the server's own choice, rendering with
@@ -59,10 +63,16 @@ class Serving:
                 raise APIError(400, str(exc), "chat_template") from exc
         if not variables:
             return template
+        key = (kind, repr(sorted(variables.items())))
+        if key in self.templates:
+            return self.templates[key]
         try:
-            return template.with_variables(variables)
+            variant = template.with_variables(variables)
         except ValueError as exc:
             raise APIError(400, str(exc), "chat_template_kwargs") from exc
+        if len(self.templates) < MAX_CACHED_TEMPLATES:  # clients choose the variables: the cache must stay bounded
+            self.templates[key] = variant
+        return variant
 
     def check_model(self, name: str) -> None:
         if name not in self.model_names:

@@ -146,3 +146,15 @@ def test_the_api_encodes_the_prompt_once_and_the_loop_uses_it(make_server, monke
     monkeypatch.setattr(ChatTemplate, "encode", counting_encode)
     completion = client.chat.completions.create(model="scripted", messages=QUESTION)
     assert len(encoded) == 1 and completion.usage.prompt_tokens == len(engine.prompts[0])
+
+
+def test_template_variants_are_built_once_and_their_cache_stays_bounded(make_server):
+    from rstar.server.serving_base import MAX_CACHED_TEMPLATES
+
+    _, http, _, _ = make_server()
+    serving = http.app.state.serving
+    first = serving.template_for("rstar", {"math_instruction": False})
+    assert serving.template_for("rstar", {"math_instruction": False}) is first  # compiled once, reused
+    for n in range(2 * MAX_CACHED_TEMPLATES):  # a client sending ever new variables
+        assert serving.template_for("rstar", {"nonce": n}).variables == (("nonce", n),)
+    assert len(serving.templates) <= MAX_CACHED_TEMPLATES
