@@ -1,0 +1,133 @@
+"""Which engine replica serves a generation: the routing policies, as pure decisions over a small state.
+
+rStar2-Agent's rollout scheduler sent each request to the engine with the most free KV cache, so that no engine
+sits idle while another preempts; the released code used verl's least-requests choice with sticky request ids
+instead. Both are here, with round-robin, so they can be compared on the same traffic (benchmarks/router_bench.py).
+
+A multi-turn trajectory re-sends its whole history each turn; the replica that served the previous turn holds
+that history in its prefix cache, so the next turn belongs there ("sticky"). The router recognises it by prompt
+prefix, in blocks of tokens like the engines' own prefix caches, so no request-id convention is needed and an RL
+group (many samples of one prompt) is recognised the same way. A prefix every replica holds (the shared system
+prompt) gives no affinity: only a replica that holds strictly more of the prompt than any other does.
+
+The caller (server/replicas.py) owns the I/O: it polls each replica's stats, counts requests in flight, waits
+when `choose` returns None (every replica is at capacity: the request queues here, not inside one engine), and
+calls `remember` after dispatching and `forget` when a replica restarts with an empty cache.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Policy = Literal["kv_aware", "least_requests", "round_robin"]
+POLICIES: tuple[Policy, ...] = ("kv_aware", "least_requests", "round_robin")
+
+
+class NoHealthyReplica(RuntimeError):
+    """Every replica is down; nothing can serve until one comes back."""
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """What the router knows about one replica when it decides."""
+
+    healthy: bool
+    in_flight: int  # generations sent there and not finished
+    kv_free_tokens: int  # free KV-cache room in tokens: the replica's latest stats minus what was sent since
+
+
+def block_hashes(token_ids: Sequence[int], block_tokens: int) -> list[int]:
+    """One hash per full block of the sequence, each chained to the blocks before it (as prefix caches key
+    blocks), so equal hashes at position i mean equal prefixes up to block i."""
+    hashes: list[int] = []
+    previous = 0
+    for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
+        previous = hash((previous, tuple(token_ids[start : start + block_tokens])))
+        hashes.append(previous)
+    return hashes
+
+
+@dataclass
+class Router:
+    """Routing state for `replicas` engines: which prompt prefixes each one has seen, and a round-robin cursor."""
+
+    replicas: int
+    policy: Policy = "kv_aware"
+    max_in_flight: int = 64  # per replica; beyond it requests wait at the router (the engines' max_num_seqs)
+    block_tokens: int = 16  # vLLM's default KV block size
+    max_blocks: int = 1 << 16  # prefix blocks remembered per replica (least recently used forgotten first)
+    _seen: list[OrderedDict[int, None]] = field(init=False, repr=False)
+    _cursor: int = field(init=False, default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown routing policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.replicas < 1:
+            raise ValueError("a router needs at least one replica")
+        self._seen = [OrderedDict() for _ in range(self.replicas)]
+
+    def choose(self, prompt_ids: Sequence[int], states: Sequence[ReplicaState]) -> int | None:
+        """The replica for this prompt, or None when every healthy replica is at capacity (wait and ask again)."""
+        if len(states) != self.replicas:
+            raise ValueError(f"expected {self.replicas} replica states, got {len(states)}")
+        if not any(state.healthy for state in states):
+            raise NoHealthyReplica("no engine replica is healthy")
+        open_ = [i for i, state in enumerate(states) if state.healthy and state.in_flight < self.max_in_flight]
+        if not open_:
+            return None
+        if self.policy == "round_robin":
+            return self._next_in_turn(open_)
+        hashes = block_hashes(prompt_ids, self.block_tokens)
+        owner = self._prefix_owner(hashes)
+        if owner is not None and owner in open_:
+            if self.policy == "least_requests":
+                return owner  # verl keeps a request id on its server unconditionally
+            uncached = len(prompt_ids) - self.cached_blocks(owner, hashes) * self.block_tokens
+            if states[owner].kv_free_tokens >= uncached:
+                return owner
+        if self.policy == "least_requests":
+            return min(open_, key=lambda i: (states[i].in_flight, i))
+        return min(open_, key=lambda i: (-states[i].kv_free_tokens, states[i].in_flight, i))
+
+    def remember(self, replica: int, token_ids: Sequence[int]) -> None:
+        """Record that `replica` now holds this sequence's blocks in its prefix cache."""
+        seen = self._seen[replica]
+        for block in block_hashes(token_ids, self.block_tokens):
+            seen[block] = None
+            seen.move_to_end(block)
+        while len(seen) > self.max_blocks:
+            seen.popitem(last=False)
+
+    def forget(self, replica: int) -> None:
+        """The replica restarted (or died): its cache is empty."""
+        self._seen[replica].clear()
+
+    def cached_blocks(self, replica: int, hashes: Sequence[int]) -> int:
+        """How many leading blocks of a prompt (given as its block hashes) the replica holds."""
+        seen = self._seen[replica]
+        count = 0
+        for block in hashes:
+            if block not in seen:
+                break
+            count += 1
+        return count
+
+    def _prefix_owner(self, hashes: Sequence[int]) -> int | None:
+        """The replica holding strictly more of the prompt than every other one, if any."""
+        if not hashes:
+            return None
+        matches = sorted(((self.cached_blocks(i, hashes), i) for i in range(self.replicas)), reverse=True)
+        best, best_replica = matches[0]
+        runner_up = matches[1][0] if len(matches) > 1 else 0
+        return best_replica if best > runner_up else None
+
+    def _next_in_turn(self, open_: Sequence[int]) -> int:
+        for step in range(self.replicas):
+            candidate = (self._cursor + step) % self.replicas
+            if candidate in open_:
+                self._cursor = (candidate + 1) % self.replicas
+                return candidate
+        raise AssertionError("open_ is never empty here")

@@ -1,0 +1,111 @@
+"""Routing policies as pure decisions: golden cases for sticky, KV-aware, overload and replica loss."""
+
+import pytest
+
+from rstar.server.routing import NoHealthyReplica, ReplicaState, Router, block_hashes
+
+SYSTEM = list(range(1000, 1064))  # 4 blocks every request shares
+
+
+def up(in_flight=0, kv_free=10_000):
+    return ReplicaState(healthy=True, in_flight=in_flight, kv_free_tokens=kv_free)
+
+
+DOWN = ReplicaState(healthy=False, in_flight=0, kv_free_tokens=0)
+
+
+def test_block_hashes_chain_prefixes():
+    a = block_hashes(list(range(40)), 16)
+    b = block_hashes(list(range(32)) + [7] * 8, 16)
+    c = block_hashes([99] + list(range(1, 40)), 16)
+    assert len(a) == 2 and a == b  # the partial last block is not a cache block
+    assert a[0] != c[0] and a[1] != c[1]  # a different first block changes every later hash
+
+
+def test_kv_aware_picks_the_most_free_kv_cache():
+    router = Router(replicas=3)
+    assert router.choose(SYSTEM, [up(kv_free=100), up(kv_free=900), up(kv_free=500)]) == 1
+
+
+def test_kv_aware_breaks_ties_by_fewer_requests_then_index():
+    router = Router(replicas=3)
+    assert router.choose(SYSTEM, [up(2, 500), up(1, 500), up(1, 500)]) == 1
+
+
+def test_a_multi_turn_trajectory_stays_on_the_replica_holding_its_history():
+    router = Router(replicas=2)
+    router.remember(0, SYSTEM)
+    router.remember(1, SYSTEM)  # both hold the shared prompt: no affinity from it
+    turn_1 = SYSTEM + list(range(64))
+    assert router.choose(turn_1, [up(kv_free=100), up(kv_free=900)]) == 1
+    router.remember(1, turn_1)
+    turn_2 = turn_1 + list(range(500, 548))
+    # replica 0 now has more free room, but replica 1 holds the history and has room for the rest
+    assert router.choose(turn_2, [up(kv_free=900), up(kv_free=200)]) == 1
+
+
+def test_kv_aware_leaves_a_sticky_replica_without_room_for_the_uncached_rest():
+    router = Router(replicas=2)
+    history = SYSTEM + list(range(64))
+    router.remember(1, history)
+    turn_2 = history + list(range(500, 564))  # 64 uncached tokens
+    assert router.choose(turn_2, [up(kv_free=900), up(kv_free=63)]) == 0
+    assert router.choose(turn_2, [up(kv_free=900), up(kv_free=64)]) == 1
+
+
+def test_least_requests_sticks_regardless_of_load_and_otherwise_takes_the_least_busy():
+    router = Router(replicas=2, policy="least_requests")
+    history = SYSTEM + list(range(64))
+    router.remember(0, history)
+    assert router.choose(history + [1] * 16, [up(in_flight=9, kv_free=0), up(in_flight=0)]) == 0
+    assert router.choose(list(range(2000, 2100)), [up(in_flight=9), up(in_flight=3)]) == 1
+
+
+def test_round_robin_cycles_over_open_replicas_and_ignores_prefixes():
+    router = Router(replicas=3, policy="round_robin", max_in_flight=2)
+    router.remember(2, SYSTEM)
+    states = [up(), up(in_flight=2), up()]  # replica 1 is full
+    assert [router.choose(SYSTEM, states) for _ in range(4)] == [0, 2, 0, 2]
+
+
+@pytest.mark.parametrize("policy", ["kv_aware", "least_requests", "round_robin"])
+def test_when_every_replica_is_full_the_request_waits_at_the_router(policy):
+    router = Router(replicas=2, policy=policy, max_in_flight=4)
+    assert router.choose(SYSTEM, [up(in_flight=4), up(in_flight=4)]) is None
+    assert router.choose(SYSTEM, [up(in_flight=4), up(in_flight=3)]) == 1
+
+
+@pytest.mark.parametrize("policy", ["kv_aware", "least_requests", "round_robin"])
+def test_a_lost_replica_gets_no_traffic_and_none_left_is_an_error(policy):
+    router = Router(replicas=2, policy=policy)
+    history = SYSTEM + list(range(64))
+    router.remember(0, history)
+    assert router.choose(history, [DOWN, up()]) == 1
+    with pytest.raises(NoHealthyReplica):
+        router.choose(history, [DOWN, DOWN])
+
+
+def test_a_restarted_replica_has_forgotten_its_prefixes():
+    router = Router(replicas=2)
+    history = SYSTEM + list(range(64))
+    router.remember(0, history)
+    assert router.cached_blocks(0, block_hashes(history, 16)) == 8
+    router.forget(0)
+    assert router.cached_blocks(0, block_hashes(history, 16)) == 0
+    assert router.choose(history, [up(kv_free=100), up(kv_free=900)]) == 1
+
+
+def test_remembered_blocks_are_bounded_least_recently_used_first():
+    router = Router(replicas=1, max_blocks=4)
+    old, new = list(range(64)), list(range(5000, 5064))
+    router.remember(0, old)
+    router.remember(0, new)
+    assert router.cached_blocks(0, block_hashes(old, 16)) == 0
+    assert router.cached_blocks(0, block_hashes(new, 16)) == 4
+
+
+def test_bad_configuration_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown routing policy 'fastest'"):
+        Router(replicas=2, policy="fastest")
+    with pytest.raises(ValueError, match="expected 2 replica states"):
+        Router(replicas=2).choose(SYSTEM, [up()])
