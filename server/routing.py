@@ -5,10 +5,12 @@ sits idle while another preempts; the released code used verl's least-requests c
 instead. Both are here, with round-robin, so they can be compared on the same traffic (benchmarks/router_bench.py).
 
 A multi-turn trajectory re-sends its whole history each turn; the replica that served the previous turn holds
-that history in its prefix cache, so the next turn belongs there ("sticky"). The router recognises it by prompt
-prefix, in blocks of tokens like the engines' own prefix caches, so no request-id convention is needed and an RL
-group (many samples of one prompt) is recognised the same way. A prefix every replica holds (the shared system
-prompt) gives no affinity: only a replica that holds strictly more of the prompt than any other does.
+that history in its prefix cache, so the next turn belongs there ("sticky"). The router recognises a turn as the
+continuation of a sequence it sent to a replica (that sequence is a proper prefix of the new prompt), comparing
+prompts in blocks of tokens like the engines' own prefix caches, so no request-id convention is needed. A prefix
+that merely overlaps (the shared system prompt, an RL group's common problem) is no continuation: it counts as
+KV room the replica saves, which is how the KV-aware policy scores every replica: free KV-cache tokens after
+admitting the prompt, cached blocks counted as free.
 
 The caller (server/replicas.py) owns the I/O: it polls each replica's stats, counts requests in flight, waits
 when `choose` returns None (every replica is at capacity: the request queues here, not inside one engine), and
@@ -60,6 +62,7 @@ class Router:
     block_tokens: int = 16  # vLLM's default KV block size
     max_blocks: int = 1 << 16  # prefix blocks remembered per replica (least recently used forgotten first)
     _seen: list[OrderedDict[int, None]] = field(init=False, repr=False)
+    _ends: list[OrderedDict[int, int]] = field(init=False, repr=False)  # last full block -> length of a sequence sent
     _cursor: int = field(init=False, default=0, repr=False)
 
     def __post_init__(self) -> None:
@@ -68,6 +71,7 @@ class Router:
         if self.replicas < 1:
             raise ValueError("a router needs at least one replica")
         self._seen = [OrderedDict() for _ in range(self.replicas)]
+        self._ends = [OrderedDict() for _ in range(self.replicas)]
 
     def choose(self, prompt_ids: Sequence[int], states: Sequence[ReplicaState]) -> int | None:
         """The replica for this prompt, or None when every healthy replica is at capacity (wait and ask again)."""
@@ -81,29 +85,36 @@ class Router:
         if self.policy == "round_robin":
             return self._next_in_turn(open_)
         hashes = block_hashes(prompt_ids, self.block_tokens)
-        owner = self._prefix_owner(hashes)
+        cached_blocks = [self.cached_blocks(i, hashes) for i in range(self.replicas)]
+        cached = [blocks * self.block_tokens for blocks in cached_blocks]
+        owner = self._continued_on(hashes, cached_blocks, len(prompt_ids))
         if owner is not None and owner in open_:
             if self.policy == "least_requests":
                 return owner  # verl keeps a request id on its server unconditionally
-            uncached = len(prompt_ids) - self.cached_blocks(owner, hashes) * self.block_tokens
-            if states[owner].kv_free_tokens >= uncached:
+            if states[owner].kv_free_tokens >= len(prompt_ids) - cached[owner]:
                 return owner
         if self.policy == "least_requests":
             return min(open_, key=lambda i: (states[i].in_flight, i))
-        return min(open_, key=lambda i: (-states[i].kv_free_tokens, states[i].in_flight, i))
+        return min(open_, key=lambda i: (-(states[i].kv_free_tokens + cached[i]), states[i].in_flight, i))
 
     def remember(self, replica: int, token_ids: Sequence[int]) -> None:
         """Record that `replica` now holds this sequence's blocks in its prefix cache."""
-        seen = self._seen[replica]
-        for block in block_hashes(token_ids, self.block_tokens):
+        seen, ends = self._seen[replica], self._ends[replica]
+        hashes = block_hashes(token_ids, self.block_tokens)
+        for block in hashes:
             seen[block] = None
             seen.move_to_end(block)
-        while len(seen) > self.max_blocks:
-            seen.popitem(last=False)
+        if hashes:
+            ends[hashes[-1]] = len(token_ids)
+            ends.move_to_end(hashes[-1])
+        for table in (seen, ends):
+            while len(table) > self.max_blocks:
+                table.popitem(last=False)
 
     def forget(self, replica: int) -> None:
         """The replica restarted (or died): its cache is empty."""
         self._seen[replica].clear()
+        self._ends[replica].clear()
 
     def cached_blocks(self, replica: int, hashes: Sequence[int]) -> int:
         """How many leading blocks of a prompt (given as its block hashes) the replica holds."""
@@ -115,14 +126,16 @@ class Router:
             count += 1
         return count
 
-    def _prefix_owner(self, hashes: Sequence[int]) -> int | None:
-        """The replica holding strictly more of the prompt than every other one, if any."""
-        if not hashes:
-            return None
-        matches = sorted(((self.cached_blocks(i, hashes), i) for i in range(self.replicas)), reverse=True)
-        best, best_replica = matches[0]
-        runner_up = matches[1][0] if len(matches) > 1 else 0
-        return best_replica if best > runner_up else None
+    def _continued_on(self, hashes: Sequence[int], cached_blocks: Sequence[int], length: int) -> int | None:
+        """The replica holding a sequence this prompt continues: a shorter one sent there whose last full block is
+        where the prompt's cached prefix ends (a turn's history is cached up to its own end, and no further, since
+        the next block mixes its tail with the new tokens). The longest such sequence wins."""
+        candidates = [
+            (blocks, replica)
+            for replica, blocks in enumerate(cached_blocks)
+            if blocks and self._ends[replica].get(hashes[blocks - 1], length) < length
+        ]
+        return max(candidates)[1] if candidates else None
 
     def _next_in_turn(self, open_: Sequence[int]) -> int:
         for step in range(self.replicas):

@@ -44,6 +44,37 @@ def test_a_multi_turn_trajectory_stays_on_the_replica_holding_its_history():
     assert router.choose(turn_2, [up(kv_free=900), up(kv_free=200)]) == 1
 
 
+def test_a_replica_holding_only_the_shared_system_prompt_does_not_draw_every_new_problem():
+    router = Router(replicas=2)
+    problem_a, problem_b = SYSTEM + list(range(64)), SYSTEM + list(range(300, 364))
+    assert router.choose(problem_a, [up(kv_free=10_000), up(kv_free=10_000)]) == 0
+    router.remember(0, problem_a)
+    # replica 0 spent problem A's 128 tokens and holds the 64 shared ones: 9_936 free after B vs 9_872 on replica 1
+    assert router.choose(problem_b, [up(in_flight=1, kv_free=10_000 - 128), up(kv_free=10_000)]) == 1
+    assert router.choose(problem_b, [up(in_flight=1, kv_free=10_000 - 32), up(kv_free=10_000)]) == 0
+
+
+def test_samples_of_one_prompt_are_no_continuation_but_kv_aware_counts_their_shared_prefix():
+    group_prompt = SYSTEM + list(range(64))
+    least = Router(replicas=2, policy="least_requests")
+    least.remember(0, group_prompt)
+    assert least.choose(group_prompt, [up(in_flight=1), up(in_flight=0)]) == 1
+    kv = Router(replicas=2)
+    kv.remember(0, group_prompt)
+    assert kv.choose(group_prompt, [up(kv_free=9_900), up(kv_free=10_000)]) == 0  # 128 cached > 100 less free
+    assert kv.choose(group_prompt, [up(kv_free=9_800), up(kv_free=10_000)]) == 1
+
+
+def test_the_longest_continued_sequence_wins_when_two_replicas_hold_one():
+    router = Router(replicas=2)
+    turn_1 = SYSTEM + list(range(64))
+    turn_2 = turn_1 + list(range(700, 732))
+    router.remember(0, turn_1)
+    router.remember(1, turn_2)  # the trajectory moved to replica 1 for its second turn
+    turn_3 = turn_2 + list(range(800, 832))
+    assert router.choose(turn_3, [up(kv_free=10_000), up(kv_free=5_000)]) == 1
+
+
 def test_kv_aware_leaves_a_sticky_replica_without_room_for_the_uncached_rest():
     router = Router(replicas=2)
     history = SYSTEM + list(range(64))
