@@ -91,17 +91,21 @@ class CostModel:
         return low
 
 
-def gpu_cost_model() -> CostModel:
+def gpu_cost_model(memory_fraction: float = 0.85) -> CostModel:
     """ASSUMPTION, not measured: a 14B dense model (Qwen3-14B's shape: 40 layers, 8 KV heads of 128) in bf16 on
     one MI300X (the paper's GPU), tensor parallel 1. Decode is bandwidth-bound: every step reads the weights
-    once and each running sequence's KV; prefill is compute-bound. Efficiencies are guesses stated as such."""
+    once and each running sequence's KV; prefill is compute-bound. Efficiencies are guesses stated as such.
+
+    `memory_fraction` is the share of the GPU's memory the engine gets: 0.85 serving alone; in RL the trainer is
+    colocated on the same GPUs (the paper's and verl's hybrid engine) and leaves the engine less, which is where
+    the paper saw KV-cache overflow."""
     weights_bytes = 14.8e9 * 2
     kv_bytes_per_token = 2 * 40 * 8 * 128 * 2
     bandwidth = 5.3e12 * 0.5  # peak HBM3 bandwidth x an assumed 50% achieved
     prefill_flops = 1307e12 * 0.4  # peak dense bf16 x an assumed 40% achieved
-    kv_bytes = 192e9 * 0.85 - weights_bytes - 10e9  # gpu_memory_utilization 0.85, ~10 GB activations/graphs
+    kv_bytes = 192e9 * memory_fraction - weights_bytes - 10e9  # ~10 GB activations and graphs
     return CostModel(
-        name="gpu_assumed_14b_mi300x",
+        name=f"gpu_assumed_14b_mi300x_mem{memory_fraction:.2f}",
         decode_step_base_s=weights_bytes / bandwidth + 2e-3,  # + ~2 ms scheduler/sampling overhead per step
         decode_step_per_seq_s=30e-6,  # assumed per-sequence sampling/bookkeeping cost
         decode_step_per_context_token_s=kv_bytes_per_token / bandwidth,
@@ -114,7 +118,7 @@ def gpu_cost_model() -> CostModel:
             "kind": "assumption (no GPU measured)",
             "model": "14.8e9 parameters bf16, 40 layers x 8 KV heads x 128 (Qwen3-14B's shape): 163,840 KV bytes/token",
             "gpu": "MI300X: 192 GB HBM3, 5.3 TB/s peak (50% assumed achieved), 1307 TFLOP/s dense bf16 (40% assumed)",
-            "kv_cache": "192 GB x 0.85 utilisation - 29.6 GB weights - 10 GB activations",
+            "kv_cache": f"192 GB x {memory_fraction} of memory for the engine - 29.6 GB weights - 10 GB activations",
             "decode_step": "weights read once per step + 2 ms fixed + 30 us per sequence + each running sequence's KV read",
             "prefill": "2 x parameters FLOPs per token",
             "max_num_seqs": "256 (vLLM's OpenAI-server default on large GPUs)",
@@ -394,7 +398,8 @@ def simulate(specs: Sequence[TrajectorySpec], replicas: int, policy: Policy, cos
     engines = [Replica(cost, turn_done) for _ in range(replicas)]
 
     def dispatch(now: float) -> None:
-        while queue:
+        # The router answers None while every replica is at max_in_flight; ask it only when one has room.
+        while queue and any(engine.in_flight < cost.max_num_seqs for engine in engines):
             trajectory, since = queue[0]
             ids = trajectory.block_ids(trajectory.context_tokens)
             states = [ReplicaState(True, engine.in_flight, engine.free_blocks_for_router()) for engine in engines]
@@ -445,6 +450,7 @@ def simulate(specs: Sequence[TrajectorySpec], replicas: int, policy: Policy, cos
     )
 
 
+GPU_MEMORY_FRACTIONS = (0.85, 0.45)  # the engine alone on its GPUs; beside a colocated trainer (assumption)
 SANDBOX_NUMPY_CELL_P50_S = 4.25e-3  # benchmarks/README.md, sandbox_bench quick run 2026-12-01 15:26 (ours)
 CPU_SHAPE = WorkloadShape(prompts=16, rollouts=8, mean_response_tokens=400, max_response_tokens=1536, max_turns=5)  # fits max_model_len 2048
 
@@ -467,28 +473,32 @@ def run_grid(specs: Sequence[TrajectorySpec], replica_counts: Sequence[int], cos
     return rows
 
 
-def plot(rows: Sequence[dict], path: Path, title: str) -> None:
+def plot(sections: Sequence[dict], path: Path, title: str) -> None:
+    """Idle fraction and step time against replicas, one line per policy, one row per cost model."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (idle_axes, step_axes) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for policy in POLICIES:
-        mine = sorted((row for row in rows if row["policy"] == policy), key=lambda row: row["replicas"])
-        counts = [row["replicas"] for row in mine]
-        idle_axes.plot(counts, [row["idle_fraction"] for row in mine], marker="o", label=policy)
-        step_axes.plot(counts, [row["makespan_s"] for row in mine], marker="o", label=policy)
-    for axes, label in ((idle_axes, "idle fraction of engine time over the step"), (step_axes, "step time (makespan), s")):
-        axes.set_xscale("log", base=2)
-        axes.set_xticks(sorted({row["replicas"] for row in rows}), [str(c) for c in sorted({row["replicas"] for row in rows})])
-        axes.set_xlabel("replicas")
-        axes.set_ylabel(label)
-        axes.grid(alpha=0.3)
-        axes.legend()
+    figure, grid = plt.subplots(len(sections), 2, figsize=(11, 4 * len(sections)), squeeze=False)
+    for (idle_axes, step_axes), section in zip(grid, sections):
+        rows = section["results"]
+        counts = sorted({row["replicas"] for row in rows})
+        for policy in POLICIES:
+            mine = sorted((row for row in rows if row["policy"] == policy), key=lambda row: row["replicas"])
+            idle_axes.plot([row["replicas"] for row in mine], [row["idle_fraction"] for row in mine], marker="o", label=policy)
+            step_axes.plot([row["replicas"] for row in mine], [row["makespan_s"] for row in mine], marker="o", label=policy)
+        for axes, label in ((idle_axes, "idle fraction of engine time"), (step_axes, "step time (makespan), s")):
+            axes.set_xscale("log", base=2)
+            axes.set_xticks(counts, [str(count) for count in counts])
+            axes.set_xlabel("replicas")
+            axes.set_ylabel(label)
+            axes.set_title(section["cost_model"]["name"], fontsize=9)
+            axes.grid(alpha=0.3)
+            axes.legend(fontsize=8)
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -502,18 +512,21 @@ def main() -> None:
 
     shape = WorkloadShape(prompts=64) if args.quick else WorkloadShape()
     replica_counts = (8, 16) if args.quick else (8, 16, 32, 64)
-    gpu = gpu_cost_model()
     specs = make_workload(shape, args.seed)
     print(f"workload: {json.dumps(describe(specs))}", flush=True)
-    gpu_rows = run_grid(specs, replica_counts, gpu, shape.system_tokens, args.jobs)
+    gpu_sections = []
+    for memory_fraction in GPU_MEMORY_FRACTIONS:
+        gpu = gpu_cost_model(memory_fraction)
+        rows = run_grid(specs, replica_counts, gpu, shape.system_tokens, args.jobs)
+        gpu_sections.append({"cost_model": asdict(gpu), "results": rows})
 
     cpu_section = None
     if args.cpu_costs.exists():
         cpu = cpu_cost_model(json.loads(args.cpu_costs.read_text()), SANDBOX_NUMPY_CELL_P50_S)
         cpu_specs = make_workload(CPU_SHAPE, args.seed)
-        cpu_section = {"cost_model": asdict(cpu), "workload": CPU_SHAPE.to_dict(), "workload_figures": describe(cpu_specs), "results": run_grid(cpu_specs, (2,), cpu, CPU_SHAPE.system_tokens)}
+        cpu_section = {"cost_model": asdict(cpu), "workload": CPU_SHAPE.to_dict(), "workload_figures": describe(cpu_specs), "results": run_grid(cpu_specs, (2,), cpu, CPU_SHAPE.system_tokens, args.jobs)}
     else:
-        print(f"no {args.cpu_costs}: run benchmarks/engine_costs.py for the CPU cost model; simulating the GPU model only")
+        print(f"no {args.cpu_costs}: run benchmarks/engine_costs.py for the CPU cost model; simulating the GPU models only")
 
     result = {
         "benchmark": "router_sim",
@@ -521,14 +534,16 @@ def main() -> None:
         "cpu": cpu_info().to_dict(),
         "quick": args.quick,
         "seed": args.seed,
-        "gpu": {"cost_model": asdict(gpu), "workload": shape.to_dict(), "workload_figures": describe(specs), "results": gpu_rows},
+        "workload": shape.to_dict(),
+        "workload_figures": describe(specs),
+        "gpu": gpu_sections,
         "cpu_two_replicas": cpu_section,
         "goals": [],  # the simulator predicts; issue 14's goal is measured live by router_bench.py
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     plot_path = args.out.with_suffix(".png")
-    plot(gpu_rows, plot_path, f"simulated RL step: {shape.prompts} prompts x {shape.rollouts} rollouts, {gpu.name} (assumed costs)")
+    plot(gpu_sections, plot_path, f"simulated RL step, {shape.prompts} prompts x {shape.rollouts} rollouts, assumed 14B-on-MI300X costs")
     print(f"wrote {args.out} and {plot_path}")
 
 
