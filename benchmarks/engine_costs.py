@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import statistics
 import time
 from datetime import datetime, timezone
@@ -113,11 +114,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one round instead of three")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_costs.json"))
     args = parser.parse_args()
+    load_before = os.getloadavg()  # the machine is shared: the figures only mean something beside its load
+    measured = asyncio.run(measure(rounds=1 if args.quick else 3))
     result = {
         "benchmark": "engine_costs",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu_info().to_dict(),
-        **asyncio.run(measure(rounds=1 if args.quick else 3)),
+        "load_average_before_after": [load_before, os.getloadavg()],
+        **measured,
         "goals": [],  # a measurement that feeds router_sim.py; it has no goal of its own
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
