@@ -29,7 +29,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
-from router_workload import TrajectorySpec, WorkloadShape, describe, goals, make_workload, summarize  # noqa: E402
+from router_workload import LIVE_SHAPE, TrajectorySpec, WorkloadShape, describe, goals, make_workload, summarize  # noqa: E402
 from tool_use_bench import heldout_problems  # noqa: E402
 
 from rstar.config import EngineSettings, load_settings  # noqa: E402
@@ -46,9 +46,7 @@ from rstar.server.routing import POLICIES, Policy, Router  # noqa: E402
 
 REPLICAS = 2
 MODEL = "default"  # the base model plus the shipped tool-use delta: it calls its tool
-ENGINE_SETTINGS = EngineSettings(max_model_len=2048, max_num_seqs=32)
-# Scaled to two 1-core engines: a step of a few minutes, contexts within max_model_len.
-LIVE_SHAPE = WorkloadShape(prompts=4, rollouts=8, mean_response_tokens=300, max_response_tokens=1024, max_turns=4)
+ENGINE_SETTINGS = EngineSettings(max_model_len=2048, max_num_seqs=64)  # as engine_costs.py measured them
 QUICK_SHAPE = replace(LIVE_SHAPE, prompts=2)
 
 

@@ -25,7 +25,13 @@ the engine's queue), as a poller of `stats()` would.
 Sequences are given to the router as block ids (one id per 16 tokens, `Router(block_tokens=1)`), and free KV in
 blocks: the router's decisions depend on block-level prefixes only, and this keeps the simulator fast.
 
-    python benchmarks/router_sim.py [--quick] [--cpu-costs FILE] [--out FILE.json]
+Runs: the paper's step (512 prompts x 32 rollouts, router_workload.py) at 8, 16, 32 and 64 replicas under each
+policy, with an assumed 14B-on-MI300X cost model at two memory budgets (`gpu_cost_model`); and, when
+`engine_costs.py` has measured this machine, two replicas of the default model with the CPU cost model on a
+small workload (the live router_bench.py's counterpart). Output: JSON and a PNG of idle fraction and step time
+against replicas per policy.
+
+    python benchmarks/router_sim.py [--quick] [--jobs N] [--cpu-costs FILE] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
-from router_workload import TrajectorySpec, WorkloadShape, describe, make_workload, summarize  # noqa: E402
+from router_workload import LIVE_SHAPE, TrajectorySpec, WorkloadShape, describe, make_workload, summarize  # noqa: E402
 
 from rstar.hardware import cpu_info  # noqa: E402
 from rstar.server.routing import POLICIES, Policy, ReplicaState, Router  # noqa: E402
@@ -452,7 +458,6 @@ def simulate(specs: Sequence[TrajectorySpec], replicas: int, policy: Policy, cos
 
 GPU_MEMORY_FRACTIONS = (0.85, 0.45)  # the engine alone on its GPUs; beside a colocated trainer (assumption)
 SANDBOX_NUMPY_CELL_P50_S = 4.25e-3  # benchmarks/README.md, sandbox_bench quick run 2026-12-01 15:26 (ours)
-CPU_SHAPE = WorkloadShape(prompts=16, rollouts=8, mean_response_tokens=400, max_response_tokens=1536, max_turns=5)  # fits max_model_len 2048
 
 
 def run_grid(specs: Sequence[TrajectorySpec], replica_counts: Sequence[int], cost: CostModel, system_tokens: int, jobs: int = 1) -> list[dict]:
@@ -523,8 +528,8 @@ def main() -> None:
     cpu_section = None
     if args.cpu_costs.exists():
         cpu = cpu_cost_model(json.loads(args.cpu_costs.read_text()), SANDBOX_NUMPY_CELL_P50_S)
-        cpu_specs = make_workload(CPU_SHAPE, args.seed)
-        cpu_section = {"cost_model": asdict(cpu), "workload": CPU_SHAPE.to_dict(), "workload_figures": describe(cpu_specs), "results": run_grid(cpu_specs, (2,), cpu, CPU_SHAPE.system_tokens, args.jobs)}
+        cpu_specs = make_workload(LIVE_SHAPE, seed=0)  # router_bench.py's step
+        cpu_section = {"cost_model": asdict(cpu), "workload": LIVE_SHAPE.to_dict(), "workload_figures": describe(cpu_specs), "results": run_grid(cpu_specs, (2,), cpu, LIVE_SHAPE.system_tokens, args.jobs)}
     else:
         print(f"no {args.cpu_costs}: run benchmarks/engine_costs.py for the CPU cost model; simulating the GPU models only")
 

@@ -38,6 +38,11 @@ class WorkloadShape:
         return asdict(self)
 
 
+# Two 1-core CPU replicas of the default model (router_bench.py, and router_sim.py's CPU counterpart of it): a
+# step of a few minutes, every context within the engines' max_model_len of 2048.
+LIVE_SHAPE = WorkloadShape(prompts=4, rollouts=8, mean_response_tokens=300, max_response_tokens=1024, max_turns=4)
+
+
 @dataclass(frozen=True)
 class Turn:
     generated: int  # tokens the model samples in this turn
