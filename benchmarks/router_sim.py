@@ -45,7 +45,7 @@ import math
 import random
 import sys
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -190,6 +190,7 @@ class Request:
     blocks: list[int] = field(default_factory=list)  # ids of the prompt's full blocks
     start_step: int = 0
     epoch: int = 0  # bumped on preemption, so stale finish entries are skipped
+    reserved_blocks: int = 0  # what it added to its replica's waiting_blocks: its blocks the replica lacks, + its tail
 
     @property
     def tail_tokens(self) -> int:
@@ -206,7 +207,8 @@ class Replica:
         self.held: dict[int, int] = {}  # block id -> running sequences using it
         self.cached: OrderedDict[int, None] = OrderedDict()  # freed blocks still holding their tokens, oldest first
         self.waiting: deque[Request] = deque()
-        self.waiting_blocks = 0  # what the waiting requests will need at least
+        self.waiting_blocks = 0  # what the waiting requests will need at least (a block several share counts once)
+        self.pending: Counter[int] = Counter()  # block id -> waiting requests whose prompt has it
         self.running: list[Request] = []  # in admission order
         self.steps = 0
         self.private_base = 0  # sum of (tokens outside held blocks - start_step) over running: tokens at step s = this + n*s
@@ -293,7 +295,8 @@ class Replica:
             if self.used_blocks() + new_blocks + next_step > self.capacity_blocks:
                 break
             self.waiting.popleft()
-            self.waiting_blocks -= len(request.blocks) + 1
+            self.waiting_blocks -= request.reserved_blocks
+            self.pending.subtract(request.blocks)
             for block in request.blocks:
                 self.cached.pop(block, None)
                 self.held[block] = self.held.get(block, 0) + 1
@@ -326,7 +329,11 @@ class Replica:
             self.waiting.appendleft(request)
         else:
             self.waiting.append(request)
-        self.waiting_blocks += len(request.blocks) + 1
+        request.reserved_blocks = 1 + sum(
+            block not in self.held and block not in self.cached and self.pending[block] <= 0 for block in request.blocks
+        )
+        self.pending.update(request.blocks)
+        self.waiting_blocks += request.reserved_blocks
 
     def _leave(self, request: Request) -> None:
         """Take a running request out: its held blocks and the full blocks it wrote become evictable cache."""

@@ -95,7 +95,8 @@ class Router:
                 return owner
         if self.policy == "least_requests":
             return min(open_, key=lambda i: (states[i].in_flight, i))
-        return min(open_, key=lambda i: (-(states[i].kv_free_tokens + cached[i]), states[i].in_flight, i))
+        # equal room after admission: the replica that already holds more of the prompt computes less
+        return min(open_, key=lambda i: (-(states[i].kv_free_tokens + cached[i]), -cached[i], states[i].in_flight, i))
 
     def remember(self, replica: int, token_ids: Sequence[int]) -> None:
         """Record that `replica` now holds this sequence's blocks in its prefix cache."""

@@ -113,12 +113,15 @@ def test_kv_aware_avoids_the_overload_least_requests_walks_into():
     assert aware.makespan_s < least.makespan_s
 
 
-def test_group_rollouts_stick_to_the_replica_holding_their_prompt_unless_round_robin():
+def test_group_rollouts_spread_by_free_room_like_round_robin_and_reuse_the_prompt_where_two_land():
+    # A group's samples share their prompt but continue nothing: the KV-aware router balances them (a second
+    # prefill of 320 tokens costs far less than an idle replica), and on each replica the prompt is prefilled once.
     specs = [one(i, 320, (20, 0), group=0) for i in range(8)]
-    sticky = simulate(specs, 4, "kv_aware", COST, system_tokens=0)
+    aware = simulate(specs, 4, "kv_aware", COST, system_tokens=0)
     spread = simulate(specs, 4, "round_robin", COST, system_tokens=0)
-    assert sticky.prefill_tokens < spread.prefill_tokens  # the group's prompt is prefilled on fewer replicas
-    assert sticky.idle_fraction > spread.idle_fraction
+    assert aware.prefill_tokens == spread.prefill_tokens == 4 * 320
+    assert aware.makespan_s == pytest.approx(spread.makespan_s)
+    assert aware.idle_fraction == pytest.approx(spread.idle_fraction)
 
 
 def test_the_assumed_gpu_model_states_its_basis_and_is_in_a_plausible_range():
