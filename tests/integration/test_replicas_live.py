@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from tests.conftest import DEFAULT_MODEL_NAME
@@ -28,6 +29,7 @@ from tests.processes import free_port
 class RayCluster:
     address: str
     env: dict  # what joins it: token authentication on, with this cluster's own token
+    head_pid: int
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +43,15 @@ def ray_cluster(tmp_path_factory):
                "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={tmp_path_factory.mktemp('ray')}"]
     head = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        yield RayCluster(f"127.0.0.1:{port}", env)
+        yield RayCluster(f"127.0.0.1:{port}", env, head.pid)
     finally:
         head.terminate()
         head.wait(60)
+
+
+def engine_cores(cluster: RayCluster) -> set[int]:
+    """The vLLM EngineCore processes the cluster's actors started."""
+    return {p.pid for p in psutil.Process(cluster.head_pid).children(recursive=True) if "EngineCore" in " ".join(p.cmdline())}
 
 
 def kill_actor(cluster: RayCluster, name: str) -> None:
@@ -100,6 +107,7 @@ def test_two_replicas_answer_the_openai_client(replicated_server):
 def test_a_killed_replica_is_survived_and_comes_back(replicated_server):
     base_url, log_path, cluster = replicated_server
     victim = replicas(base_url)[0]["name"]
+    cores_before = engine_cores(cluster)
     with ThreadPoolExecutor(8) as pool:
         load = [pool.submit(stream_text, base_url, f"A long story about the number {i}:", 160) for i in range(8)]
         time.sleep(4)  # answers are streaming by now (about 10 tokens/s each on one core)
@@ -121,5 +129,9 @@ def test_a_killed_replica_is_survived_and_comes_back(replicated_server):
         assert time.time() < deadline, f"replica 0 did not come back: {state}; {log_path.read_text()[-3000:]}"
         time.sleep(2)
     assert state["name"] != victim
+    # The dead actor's EngineCore went with it (no orphan holding its memory): one old core left, one new one.
+    cores_after = engine_cores(cluster)
+    assert len(cores_before) == 2 and len(cores_after) == 2 and len(cores_before & cores_after) == 1
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in cores_before - cores_after)
     with ThreadPoolExecutor(4) as pool:
         assert all(tokens > 0 for tokens in pool.map(lambda i: ask(base_url, f"Name {i} colours."), range(4)))
