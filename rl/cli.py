@@ -184,12 +184,13 @@ async def _train_in_process(settings: Settings, recipe, problems, data: str, run
     from rstar.rl.train import RunSpec, train_grpo
     from rstar.sandbox.clients import connect
     from rstar.server.chat_template import choose_template
-    from rstar.server.engine import VllmEngine
     from rstar.server.model_store import resolve_model
+    from rstar.server.replicas import start_engine
 
     resolved = resolve_model(settings.model, settings.models_dir)
     console.print(f"starting the engine on {resolved.path} (about a minute on CPU)", highlight=False)
-    engine = await VllmEngine.start(resolved.path, settings.engine, served_model_name=resolved.name)
+    # With RSTAR_ENGINE__REPLICAS > 1 rollouts go through the same router as the API's traffic.
+    engine = await start_engine(resolved.path, settings.engine, served_model_name=resolved.name)
     try:
         async with connect(settings.sandbox, url=settings.api.sandbox_url, ray=ray) as sandbox:
             env = RolloutEnv(engine, choose_template(engine.tokenizer, resolved.name, settings.api.chat_template), sandbox)

@@ -95,38 +95,53 @@ def serve(
     sandbox_url: Annotated[
         Optional[str], typer.Option(help="Run model code in this `rstar sandbox serve` instead of an in-process sandbox pool. [env: RSTAR_API__SANDBOX_URL]")
     ] = None,
+    replicas: Annotated[
+        Optional[int], typer.Option(help="Engines behind one router, as Ray actors: one per GPU, or a share of the CPU cores each. [env: RSTAR_ENGINE__REPLICAS]")
+    ] = None,
+    ray_address: Annotated[
+        Optional[str], typer.Option(help="Ray cluster for the replicas ('auto', 'ray://host:10001'); default a local Ray. [env: RSTAR_ENGINE__RAY_ADDRESS]")
+    ] = None,
+    routing: Annotated[
+        Optional[str], typer.Option(help="Replica choice: kv_aware, least_requests or round_robin. [env: RSTAR_ENGINE__ROUTING]")
+    ] = None,
 ) -> None:
-    """Start the OpenAI-compatible API on one engine, with the web UI at /ui (pulls the embedded default model if needed)."""
+    """Start the OpenAI-compatible API on one engine (or --replicas N behind a router), with the web UI at /ui (pulls the embedded default model if needed)."""
     import uvicorn
 
     from rstar.rl.api import mount_rl
     from rstar.server.api import api_key_guard, create_app
-    from rstar.server.engine import VllmEngine, require_vllm
+    from rstar.server.engine import require_vllm
     from rstar.server.model_store import resolve_model
+    from rstar.server.replicas import require_ray, start_engine, wants_replicas
     from rstar.ui.app import UI_PATH, mount_ui
 
-    engine_overrides = {"max_model_len": max_model_len} if max_model_len else None
+    given = {"max_model_len": max_model_len, "replicas": replicas, "ray_address": ray_address, "routing": routing}
+    engine_overrides = {key: value for key, value in given.items() if value is not None} or None
     api_overrides = {"sandbox_url": sandbox_url} if sandbox_url else None
     settings = load_settings(
         model=model, host=host, port=port, api_key=api_key, served_model_name=served_model_name, engine=engine_overrides, api=api_overrides
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    replicated = wants_replicas(settings.engine)
     with _one_line_errors():
         require_vllm()
+        if replicated:
+            require_ray()
         sock = _bind(settings.host, settings.port)
         with console.status(f"resolving model {settings.model}"):
             resolved = resolve_model(settings.model, settings.models_dir, progress=_progress_printer())
     name = settings.served_model_name or resolved.name
 
-    async def start_engine():
-        return await VllmEngine.start(resolved.path, settings.engine, served_model_name=name)
+    async def start_engines():
+        return await start_engine(resolved.path, settings.engine, served_model_name=name)
 
-    api = create_app(settings, start_engine, name)
+    api = create_app(settings, start_engines, name)
     # The UI talks to this same server over HTTP, as it would to a remote one; a wildcard bind is reached on loopback.
     loopback = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(settings.host, f"[{settings.host}]" if ":" in settings.host else settings.host)
     mount_ui(api, f"http://{loopback}:{settings.port}", settings.api_key)
     mount_rl(api, settings, api_key_guard(settings))
-    console.print(f"starting the engine on {resolved.path} (about a minute on CPU); API at http://{settings.host}:{settings.port}/v1", highlight=False)
+    engines = f"{settings.engine.replicas} engine replicas (routing {settings.engine.routing})" if replicated else "the engine"
+    console.print(f"starting {engines} on {resolved.path} (about a minute on CPU); API at http://{settings.host}:{settings.port}/v1", highlight=False)
     console.print(f"UI at http://{settings.host}:{settings.port}{UI_PATH} once the engine is up", highlight=False, soft_wrap=True)
     server = uvicorn.Server(uvicorn.Config(api, log_level="info"))
     server.run(sockets=[sock])

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rstar.sandbox.settings import SandboxSettings
+from rstar.server.routing import Policy
 
 DEFAULT_MODEL = "default"
 
@@ -34,6 +35,14 @@ class EngineSettings(BaseModel):
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = Field(0.85, description="GPU only: fraction of device memory for weights + KV cache.")
     cpu_kv_cache_gib: int = Field(2, description="CPU only: KV-cache size (VLLM_CPU_KVCACHE_SPACE). 2 GiB holds the default model comfortably.")
+    replicas: int = Field(
+        1,
+        ge=1,
+        description="Engines behind one router, each a Ray actor: one per GPU (tensor_parallel_size GPUs each), or on CPU an even share of the "
+        "cores each, with its own KV cache of cpu_kv_cache_gib. 1 without ray_address: one engine in the API's process, no Ray.",
+    )
+    routing: Policy = Field("kv_aware", description="How the router picks a replica: kv_aware (most free KV cache, prefix-sticky), least_requests (verl's), round_robin.")
+    ray_address: str | None = Field(None, description="Ray cluster the replicas run on ('auto', 'ray://host:10001'); None starts a local Ray when replicas > 1.")
     cpu_threads_bind: str = Field(
         "auto",
         description="CPU only: VLLM_CPU_OMP_THREADS_BIND. 'auto': every core on machines of up to 4 (binding both of 2 cores generated 1.7x faster), vLLM's NUMA-aware default above; or a range like '0-1'.",

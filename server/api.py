@@ -28,6 +28,7 @@ from rstar.server.errors import APIError, error_body, install_error_handlers
 from rstar.server.limits import Admission, AdmittedStream, BodySizeLimit, ClientDisconnected, cancel_on_disconnect
 from rstar.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
 from rstar.server.model_store import default_tool_protocol
+from rstar.server.replicas import ReplicatedEngine
 from rstar.server.routes_evals import evals_router
 from rstar.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard, ModelList, TokenizeRequest
 from rstar.server.schemas_responses import ResponsesRequest
@@ -105,6 +106,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
             "admission": {"running": admission.running, "waiting": admission.waiting, "max_running": admission.max_running, "max_waiting": admission.max_waiting},
             "sandbox": sandbox,
         }
+        if isinstance(serving.engine, ReplicatedEngine):
+            body["replicas"] = serving.engine.replicas()
         return JSONResponse(body, status_code=503 if engine.failed else 200)
 
     @app.get("/version")

@@ -69,6 +69,7 @@ class EngineStats:
     waiting: int
     kv_cache_usage: float  # 0..1
     weight_version: int = 0
+    kv_capacity_tokens: int = 0  # KV-cache room in tokens (blocks x block size); 0 where unknown
     failed: str | None = None  # why the engine cannot serve (it died, a reload failed, it was shut down), or None
 
 
@@ -346,7 +347,13 @@ class VllmEngine:
             waiting=scheduler.num_waiting_reqs if scheduler else 0,
             kv_cache_usage=scheduler.kv_cache_usage if scheduler else 0.0,
             weight_version=self.weight_version,
+            kv_capacity_tokens=self.kv_capacity_tokens(),
         )
+
+    def kv_capacity_tokens(self) -> int:
+        """The KV cache's size in tokens, as the engine core sized it at start-up (it reports its block count back)."""
+        cache = self.llm.vllm_config.cache_config
+        return (cache.num_gpu_blocks or 0) * cache.block_size
 
     async def reload_weights(self, weights_dir: str | Path) -> None:
         """Load new weights from a directory of safetensors files, in place, without restarting.
@@ -364,8 +371,12 @@ class VllmEngine:
             self._failed = f"weight reload from {weights_dir} failed: {exc}; restart the engine"
             raise EngineFailed(self._failed) from exc
         # Cached KV blocks were computed with the old weights.
-        await self.llm.reset_prefix_cache()
+        await self.reset_prefix_cache()
         self.weight_version += 1
+
+    async def reset_prefix_cache(self) -> None:
+        """Drop every cached KV block no running request holds (new weights; a benchmark starting cold)."""
+        await self.llm.reset_prefix_cache()
 
     async def shutdown(self) -> None:
         """Stop the engine and its EngineCore process; later calls fail with EngineFailed."""

@@ -38,6 +38,7 @@ class ScriptedEngine:
     aborted: list[str] = field(default_factory=list)
     running: set[str] = field(default_factory=set)
     fail_after_tokens: int | None = None  # raise mid-stream, as an engine crash would
+    kv_capacity_tokens: int = 0  # reported in stats, for routing by free KV cache
     closed: bool = False
 
     def __post_init__(self) -> None:
@@ -83,7 +84,10 @@ class ScriptedEngine:
         self.aborted.append(request_id)
 
     def stats(self) -> EngineStats:
-        return EngineStats(unfinished=len(self.running), running=len(self.running), waiting=0, kv_cache_usage=0.0, weight_version=self.weight_version)
+        running = len(self.running)
+        return EngineStats(
+            unfinished=running, running=running, waiting=0, kv_cache_usage=0.0, weight_version=self.weight_version, kv_capacity_tokens=self.kv_capacity_tokens
+        )
 
     async def reload_weights(self, weights_dir: str | Path) -> None:
         self.weight_version += 1

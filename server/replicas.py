@@ -1,0 +1,607 @@
+"""Engine replicas behind one router: N vLLM engines serving as one `TokenEngine`.
+
+Each replica is a Ray actor hosting one `VllmEngine` (one per GPU, or on CPU a share of the cores each), placed on
+a local Ray or on the cluster at `ray_address`. `ReplicatedEngine` sends each generation to the replica
+`Router.choose` picks from what it knows: requests in flight per replica (counted here), free KV cache (each
+engine's stats, polled in the background, minus the prompt tokens sent since the sample) and which prompt
+prefixes each replica has seen. When every replica is full, requests wait here, not inside one engine.
+
+A replica that dies (its actor is gone, or its engine reports itself failed) is taken out and its prefixes
+forgotten; its generations that have streamed nothing yet go to another replica, those that have streamed fail
+with EngineFailed naming it (the client already holds part of an answer another engine would not continue).
+Then a new replica takes its place, with the latest reloaded weights, and rejoins once it has started.
+
+`ReplicatedEngine` drives replicas through the small `Replica` interface: `RayReplica` in service,
+`LocalReplica` (any TokenEngine in this process) in unit tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rstar.config import EngineSettings
+from rstar.server.engine import EngineFailed, EngineNotInstalled, EngineStats, SamplingOptions, TokenDelta, TokenEngine, VllmEngine
+from rstar.server.routing import NoHealthyReplica, ReplicaState, Router
+
+log = logging.getLogger("rstar.replicas")
+
+RAY_NAMESPACE = "rstar"
+
+
+class RayNotInstalled(EngineNotInstalled):
+    """Replicas need Ray, which the `ray` extra installs."""
+
+
+class ReplicaDied(RuntimeError):
+    """The replica's process is gone (its actor died or was killed); nothing sent to it will finish."""
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """What a started replica reports about its engine."""
+
+    max_model_len: int
+    dtype: str
+
+
+class Replica(Protocol):
+    """One engine replica as `ReplicatedEngine` drives it. Every call raises ReplicaDied once its process is gone."""
+
+    name: str  # unique per replica started (a restart gets a new one); the Ray actor's name
+
+    async def start(self) -> ReplicaInfo: ...
+
+    def generate(self, prompt_ids: Sequence[int], options: SamplingOptions, request_id: str) -> AsyncIterator[TokenDelta]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def stats(self) -> EngineStats: ...
+
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]: ...
+
+    async def reload_weights(self, weights_dir: str) -> None: ...
+
+    async def reset_prefix_cache(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+
+ReplicaFactory = Callable[[int], Replica]  # a new, unstarted replica for slot i (at start, and after each loss)
+
+
+def require_ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise RayNotInstalled(f"engine replicas run on Ray, which is not installed ({exc}): `bash install.sh cpu,ray` (or gpu,ray)") from exc
+    return ray
+
+
+# --- the Ray side -------------------------------------------------------------------------------------------
+
+
+class EngineActor:
+    """Runs inside a Ray actor (async: many generations at once): one VllmEngine, started by `start`."""
+
+    def __init__(self, model_dir: str, settings: dict, served_model_name: str | None) -> None:
+        self._model_dir = model_dir
+        self._settings = EngineSettings(**settings)
+        self._served_model_name = served_model_name
+        self.engine: VllmEngine | None = None
+
+    async def start(self) -> ReplicaInfo:
+        self.engine = await VllmEngine.start(self._model_dir, self._settings, self._served_model_name)
+        return ReplicaInfo(max_model_len=self.engine.max_model_len, dtype=self.engine.dtype)
+
+    async def generate(self, prompt_ids: list[int], options: SamplingOptions, request_id: str):
+        async with contextlib.aclosing(self.engine.generate(prompt_ids, options, request_id)) as stream:
+            async for delta in stream:
+                yield delta
+
+    async def abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    async def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        return await self.engine.prompt_logprobs(token_ids)
+
+    async def reload_weights(self, weights_dir: str) -> None:
+        await self.engine.reload_weights(weights_dir)
+
+    async def reset_prefix_cache(self) -> None:
+        await self.engine.reset_prefix_cache()
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+
+
+def _actor_gone_errors() -> tuple[type[BaseException], ...]:
+    from ray.exceptions import ActorUnavailableError, RayActorError
+
+    return (RayActorError, ActorUnavailableError)
+
+
+class RayReplica:
+    """A replica as a Ray actor: `start` creates the actor and waits for its engine; a lost actor raises ReplicaDied."""
+
+    def __init__(self, actor_class: Any, actor_options: dict, actor_args: tuple, name: str) -> None:
+        self._actor_class = actor_class
+        self._actor_options = actor_options
+        self._actor_args = actor_args
+        self.name = name
+        self.actor: Any = None
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return await getattr(self.actor, method).remote(*args)
+        except _actor_gone_errors() as exc:
+            raise ReplicaDied(f"{self.name}: {type(exc).__name__}") from exc
+
+    async def start(self) -> ReplicaInfo:
+        self.actor = self._actor_class.options(**self._actor_options).remote(*self._actor_args)
+        return await self._call("start")
+
+    async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions, request_id: str) -> AsyncIterator[TokenDelta]:
+        stream = self.actor.generate.options(num_returns="streaming").remote(list(prompt_ids), options, request_id)
+        finished = False
+        try:
+            async for ref in stream:
+                delta = await ref
+                finished = delta.finished
+                yield delta
+        except _actor_gone_errors() as exc:
+            finished = True  # nothing left there to abort
+            raise ReplicaDied(f"{self.name}: {type(exc).__name__}") from exc
+        finally:
+            if not finished:  # the caller stopped reading: free the engine's slot (fire and forget)
+                self.actor.abort.remote(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        await self._call("abort", request_id)
+
+    async def stats(self) -> EngineStats:
+        return await self._call("stats")
+
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        return await self._call("prompt_logprobs", list(token_ids))
+
+    async def reload_weights(self, weights_dir: str) -> None:
+        await self._call("reload_weights", weights_dir)
+
+    async def reset_prefix_cache(self) -> None:
+        await self._call("reset_prefix_cache")
+
+    async def shutdown(self) -> None:
+        """Stop the engine cleanly if the actor still answers, then end the actor."""
+        import ray
+
+        if self.actor is None:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._call("shutdown"), timeout=30)
+        ray.kill(self.actor, no_restart=True)
+        self.actor = None
+
+
+def split_cores(cores: Sequence[int], replicas: int) -> list[str]:
+    """VLLM_CPU_OMP_THREADS_BIND for each CPU replica: the cores in even contiguous shares, the first ones one
+    core larger when they do not divide evenly."""
+    if replicas > len(cores):
+        raise ValueError(f"{replicas} CPU replicas need at least {replicas} cores; this machine offers {len(cores)}")
+    share, extra = divmod(len(cores), replicas)
+    bindings, start = [], 0
+    for i in range(replicas):
+        part = cores[start : start + share + (1 if i < extra else 0)]
+        start += len(part)
+        contiguous = list(part) == list(range(part[0], part[-1] + 1))
+        bindings.append((f"{part[0]}-{part[-1]}" if len(part) > 1 else str(part[0])) if contiguous else ",".join(map(str, part)))
+    return bindings
+
+
+def replica_actor_options(settings: EngineSettings, on_gpu: bool, cores: Sequence[int]) -> list[dict]:
+    """Ray actor options for each replica: GPUs through Ray's accounting; on CPU, cores through vLLM's thread
+    binding (the actor reserves no Ray CPUs: the binding is what keeps the engines apart) and each its own KV cache."""
+    if on_gpu:
+        return [{"num_gpus": settings.tensor_parallel_size} for _ in range(settings.replicas)]
+    return [
+        {
+            "num_cpus": 0,
+            "runtime_env": {"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": binding, "VLLM_CPU_KVCACHE_SPACE": str(settings.cpu_kv_cache_gib)}},
+        }
+        for binding in split_cores(cores, settings.replicas)
+    ]
+
+
+async def start_ray_replicas(model_dir: str | Path, settings: EngineSettings, served_model_name: str | None = None) -> "ReplicatedEngine":
+    """`settings.replicas` engines as Ray actors (on the cluster at `settings.ray_address`, or a local Ray)."""
+    ray = require_ray()
+    from vllm.tokenizers import get_tokenizer
+
+    if not ray.is_initialized():
+        await asyncio.to_thread(ray.init, address=settings.ray_address, include_dashboard=False)
+    # The cluster's GPUs, not this process's: the API may run on a node without any (compose.yaml's does).
+    on_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    options = replica_actor_options(settings, on_gpu=on_gpu, cores=cores)
+    actor_class = ray.remote(EngineActor)
+    actor_args = (str(model_dir), settings.model_dump(), served_model_name)
+    started = itertools.count()
+
+    def new_replica(index: int) -> Replica:
+        # Named, so operators (and the failure test) can find a replica's actor: ray.get_actor(name, namespace="rstar").
+        name = f"rstar-engine-{index}-{next(started)}"
+        return RayReplica(actor_class, {**options[index], "name": name, "namespace": RAY_NAMESPACE}, actor_args, name)
+
+    # vLLM's own tokenizer class, as VllmEngine's engine loads it, so templates render identically.
+    tokenizer = await asyncio.to_thread(get_tokenizer, str(model_dir))
+    router = Router(settings.replicas, settings.routing, max_in_flight=settings.max_num_seqs)
+    return await ReplicatedEngine.start(new_replica, router, tokenizer, served_model_name or str(model_dir), str(model_dir))
+
+
+def wants_replicas(settings: EngineSettings) -> bool:
+    """More than one engine, or engines on a Ray cluster; otherwise one VllmEngine in this process, no Ray."""
+    return settings.replicas > 1 or settings.ray_address is not None
+
+
+async def start_engine(model_dir: str | Path, settings: EngineSettings, served_model_name: str | None = None) -> TokenEngine:
+    """The engine the settings ask for: `settings.replicas` behind a router, or the one in-process engine."""
+    if wants_replicas(settings):
+        return await start_ray_replicas(model_dir, settings, served_model_name)
+    return await VllmEngine.start(model_dir, settings, served_model_name)
+
+
+# --- in process ---------------------------------------------------------------------------------------------
+
+
+class LocalReplica:
+    """Any TokenEngine in this process behind the Replica interface; `kill` makes it behave as a dead actor."""
+
+    def __init__(self, start_engine: Callable[[], Awaitable[TokenEngine]], name: str) -> None:
+        self._start_engine = start_engine
+        self.name = name
+        self.engine: TokenEngine | None = None
+        self.killed = False
+
+    def kill(self) -> None:
+        """From now on every call, and every stream at its next delta, raises ReplicaDied."""
+        self.killed = True
+
+    def _alive(self) -> TokenEngine:
+        if self.killed:
+            raise ReplicaDied(f"{self.name} was killed")
+        return self.engine
+
+    async def start(self) -> ReplicaInfo:
+        self.engine = await self._start_engine()
+        return ReplicaInfo(max_model_len=self.engine.max_model_len, dtype=getattr(self.engine, "dtype", ""))
+
+    async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions, request_id: str) -> AsyncIterator[TokenDelta]:
+        async with contextlib.aclosing(self._alive().generate(prompt_ids, options, request_id)) as stream:
+            async for delta in stream:
+                self._alive()
+                yield delta
+
+    async def abort(self, request_id: str) -> None:
+        await self._alive().abort(request_id)
+
+    async def stats(self) -> EngineStats:
+        return self._alive().stats()
+
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        return await self._alive().prompt_logprobs(token_ids)
+
+    async def reload_weights(self, weights_dir: str) -> None:
+        await self._alive().reload_weights(weights_dir)
+
+    async def reset_prefix_cache(self) -> None:
+        self._alive()
+
+    async def shutdown(self) -> None:
+        if self.engine is not None and not self.killed:
+            await self.engine.shutdown()
+
+
+# --- the replicated engine ----------------------------------------------------------------------------------
+
+# A replica's loss: its process is gone, or its engine says it cannot serve (a dead EngineCore, a failed reload).
+REPLICA_LOST = (ReplicaDied, EngineFailed)
+
+
+@dataclass
+class ReplicaSlot:
+    """One replica's place behind the router; a restart puts a new replica in the same slot."""
+
+    replica: Replica
+    healthy: bool = False
+    restarts: int = 0
+    in_flight: int = 0  # generations dispatched here and not finished
+    stats: EngineStats | None = None  # the latest sample
+    sent_tokens: int = 0  # prompt tokens dispatched since that sample (not yet in its KV usage)
+    failure: str | None = None  # why it is out, while it is
+    epoch: int = 0  # bumped at each loss, so work from before the loss does not count against the new replica
+
+    def kv_free_tokens(self) -> int:
+        if self.stats is None:
+            return 0
+        # vLLM samples KV usage at each engine step; an idle engine keeps its last busy sample, so idle means empty.
+        usage = self.stats.kv_cache_usage if self.stats.unfinished else 0.0
+        return int(self.stats.kv_capacity_tokens * (1.0 - usage)) - self.sent_tokens
+
+    def state(self) -> ReplicaState:
+        return ReplicaState(healthy=self.healthy, in_flight=self.in_flight, kv_free_tokens=self.kv_free_tokens())
+
+    def report(self, index: int) -> dict:
+        stats = self.stats
+        return {
+            "index": index,
+            "name": self.replica.name,
+            "healthy": self.healthy,
+            "restarts": self.restarts,
+            "in_flight": self.in_flight,
+            "kv_cache_usage": stats.kv_cache_usage if stats else None,
+            "kv_free_tokens": self.kv_free_tokens() if stats else None,
+            "kv_capacity_tokens": stats.kv_capacity_tokens if stats else None,
+            "failure": self.failure,
+        }
+
+
+@dataclass
+class Lease:
+    """A dispatch: which slot, on which replica, in which epoch of that slot."""
+
+    index: int
+    replica: Replica
+    epoch: int
+
+
+@dataclass
+class ReplicatedEngine:
+    """N replicas behind a `Router`, as one TokenEngine. Create with `await ReplicatedEngine.start(...)`."""
+
+    new_replica: ReplicaFactory
+    router: Router
+    tokenizer: Any
+    model_name: str
+    model_path: str = ""
+    max_model_len: int = 0
+    dtype: str = ""
+    weight_version: int = 0
+    stats_interval_s: float = 0.25
+    restart_delay_s: float = 1.0  # first wait after a failed restart; doubles up to 32x
+    _slots: list[ReplicaSlot] = field(default_factory=list)
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    _waiting: int = 0  # requests waiting at the router for a replica with room
+    _placement: dict[str, int] = field(default_factory=dict)  # request id -> slot, for abort
+    _weights_dir: str | None = None  # the latest reload, which restarted replicas load too
+    _tasks: set[asyncio.Task] = field(default_factory=set)
+    _closed: bool = False
+
+    @classmethod
+    async def start(cls, new_replica: ReplicaFactory, router: Router, tokenizer: Any, model_name: str, model_path: str = "", **options: Any) -> "ReplicatedEngine":
+        engine = cls(new_replica, router, tokenizer, model_name, model_path, **options)
+        engine._slots = [ReplicaSlot(new_replica(i)) for i in range(router.replicas)]
+        try:
+            infos = await asyncio.gather(*(slot.replica.start() for slot in engine._slots))
+        except BaseException:
+            await asyncio.gather(*(slot.replica.shutdown() for slot in engine._slots), return_exceptions=True)
+            raise
+        engine.max_model_len = min(info.max_model_len for info in infos)
+        engine.dtype = infos[0].dtype
+        for slot in engine._slots:
+            slot.healthy = True
+        await asyncio.gather(*(engine._sample(i) for i in range(router.replicas)))
+        engine._spawn(engine._poll_stats())
+        log.info("%d engine replicas up, routing %s", router.replicas, router.policy)
+        return engine
+
+    # --- dispatch --------------------------------------------------------------------------------------
+
+    async def _acquire(self, prompt_ids: Sequence[int]) -> Lease:
+        """Wait until the router picks a replica with room, and count the request there."""
+        async with self._changed:
+            while (index := self._choose(prompt_ids)) is None:
+                self._waiting += 1
+                try:
+                    await self._changed.wait()
+                finally:
+                    self._waiting -= 1
+            slot = self._slots[index]
+            slot.in_flight += 1
+            slot.sent_tokens += len(prompt_ids)
+        self.router.remember(index, prompt_ids)
+        return Lease(index, slot.replica, slot.epoch)
+
+    def _choose(self, prompt_ids: Sequence[int]) -> int | None:
+        try:
+            return self.router.choose(prompt_ids, [slot.state() for slot in self._slots])
+        except NoHealthyReplica:
+            down = "; ".join(f"replica {i}: {slot.failure or 'starting'}" for i, slot in enumerate(self._slots))
+            raise EngineFailed(f"no engine replica is healthy ({down}); they are restarting") from None
+
+    async def _release(self, lease: Lease) -> None:
+        slot = self._slots[lease.index]
+        if slot.epoch == lease.epoch:
+            slot.in_flight -= 1
+        await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions, request_id: str | None = None) -> AsyncIterator[TokenDelta]:
+        """Stream one sequence from the replica the router picks; retried elsewhere if that replica is lost
+        before this stream yielded anything."""
+        request_id = request_id or uuid.uuid4().hex
+        while True:
+            lease = await self._acquire(prompt_ids)
+            self._placement[request_id] = lease.index
+            output: list[int] = []
+            streamed = False
+            try:
+                async with contextlib.aclosing(lease.replica.generate(prompt_ids, options, request_id)) as stream:
+                    async for delta in stream:
+                        streamed = True
+                        output.extend(delta.token_ids)
+                        yield delta
+                self.router.remember(lease.index, [*prompt_ids, *output])
+                return
+            except REPLICA_LOST as exc:
+                await self._lose(lease, exc)
+                if streamed:
+                    raise EngineFailed(
+                        f"engine replica {lease.index} failed after streaming {len(output)} tokens of this answer ({exc}); send the request again"
+                    ) from None
+                log.warning("engine replica %d lost before request %s streamed; sending it to another replica", lease.index, request_id)
+            finally:
+                self._placement.pop(request_id, None)
+                await self._release(lease)
+
+    async def abort(self, request_id: str) -> None:
+        index = self._placement.get(request_id)
+        if index is not None:
+            with contextlib.suppress(*REPLICA_LOST):
+                await self._slots[index].replica.abort(request_id)
+
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        while True:
+            lease = await self._acquire(token_ids)
+            try:
+                return await lease.replica.prompt_logprobs(token_ids)
+            except REPLICA_LOST as exc:
+                await self._lose(lease, exc)
+            finally:
+                await self._release(lease)
+
+    # --- health ----------------------------------------------------------------------------------------
+
+    async def _lose(self, lease: Lease, reason: BaseException) -> None:
+        """Take the lease's replica out (once, whoever notices first) and start its replacement."""
+        slot = self._slots[lease.index]
+        if slot.epoch != lease.epoch or self._closed:
+            return
+        log.error("engine replica %d lost (%s); restarting it", lease.index, reason)
+        slot.healthy, slot.failure, slot.stats, slot.in_flight, slot.sent_tokens = False, f"{type(reason).__name__}: {reason}", None, 0, 0
+        slot.epoch += 1
+        self.router.forget(lease.index)
+        self._spawn(self._restart(lease.index, lease.replica))
+        await self._notify()
+
+    async def _restart(self, index: int, lost: Replica) -> None:
+        with contextlib.suppress(Exception):
+            await lost.shutdown()
+        delay = self.restart_delay_s
+        while not self._closed:
+            replica = self.new_replica(index)
+            try:
+                await replica.start()
+                if self._weights_dir is not None:
+                    await replica.reload_weights(self._weights_dir)
+            except Exception as exc:
+                log.error("engine replica %d did not restart (%s); trying again in %.0f s", index, exc, delay)
+                with contextlib.suppress(Exception):
+                    await replica.shutdown()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.restart_delay_s * 32)
+                continue
+            if self._closed:
+                await replica.shutdown()
+                return
+            slot = self._slots[index]
+            slot.replica, slot.healthy, slot.failure = replica, True, None
+            slot.restarts += 1
+            await self._sample(index)
+            log.info("engine replica %d is back (restart %d)", index, slot.restarts)
+            await self._notify()
+            return
+
+    async def _sample(self, index: int) -> None:
+        slot = self._slots[index]
+        lease = Lease(index, slot.replica, slot.epoch)
+        sent_before = slot.sent_tokens
+        try:
+            stats = await asyncio.wait_for(slot.replica.stats(), timeout=max(5.0, 10 * self.stats_interval_s))
+        except asyncio.TimeoutError:
+            return  # busy: keep the previous sample
+        except ReplicaDied as exc:
+            await self._lose(lease, exc)
+            return
+        if stats.failed:
+            await self._lose(lease, EngineFailed(stats.failed))
+        elif slot.epoch == lease.epoch:
+            slot.stats = stats
+            slot.sent_tokens -= sent_before  # what was sent while the sample was taken may not be in it yet
+
+    async def _poll_stats(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.stats_interval_s)
+            await asyncio.gather(*(self._sample(i) for i, slot in enumerate(self._slots) if slot.healthy))
+            await self._notify()  # KV room may have freed up for waiting requests
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def replicas(self) -> list[dict]:
+        """Each replica's health and load, for /health."""
+        return [slot.report(i) for i, slot in enumerate(self._slots)]
+
+    def stats(self) -> EngineStats:
+        sampled = [slot.stats for slot in self._slots if slot.healthy and slot.stats is not None]
+        capacity = sum(s.kv_capacity_tokens for s in sampled)
+        used = sum(s.kv_capacity_tokens * s.kv_cache_usage for s in sampled)
+        healthy = sum(slot.healthy for slot in self._slots)
+        return EngineStats(
+            unfinished=sum(s.unfinished for s in sampled) + self._waiting,
+            running=sum(s.running for s in sampled),
+            waiting=sum(s.waiting for s in sampled) + self._waiting,
+            kv_cache_usage=used / capacity if capacity else 0.0,
+            weight_version=self.weight_version,
+            kv_capacity_tokens=capacity,
+            failed=None if healthy else "no engine replica is healthy: " + "; ".join(f"replica {i}: {s.failure}" for i, s in enumerate(self._slots)),
+        )
+
+    # --- every replica ---------------------------------------------------------------------------------
+
+    async def reload_weights(self, weights_dir: str | Path) -> None:
+        """New weights on every replica; one that fails to load is lost and restarts with them. Replicas restarting
+        meanwhile load them once up, so every replica serving afterwards runs `weight_version`."""
+        weights_dir = Path(weights_dir)
+        if not any(weights_dir.glob("*.safetensors")):
+            raise FileNotFoundError(f"no *.safetensors files in {weights_dir}")
+        self._weights_dir = str(weights_dir)
+        leases = [Lease(i, slot.replica, slot.epoch) for i, slot in enumerate(self._slots) if slot.healthy]
+        if not leases:
+            raise EngineFailed("no engine replica is healthy to reload weights into; they will load them when they restart")
+        results = await asyncio.gather(*(lease.replica.reload_weights(self._weights_dir) for lease in leases), return_exceptions=True)
+        for lease, result in zip(leases, results):
+            if isinstance(result, REPLICA_LOST):
+                await self._lose(lease, result)
+            elif isinstance(result, BaseException):
+                raise result
+        for i in range(self.router.replicas):
+            self.router.forget(i)  # their prefix caches were reset with the new weights
+        self.weight_version += 1
+
+    async def reset_prefix_cache(self) -> None:
+        await asyncio.gather(*(slot.replica.reset_prefix_cache() for slot in self._slots if slot.healthy))
+        for i in range(self.router.replicas):
+            self.router.forget(i)
+
+    async def shutdown(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(slot.replica.shutdown() for slot in self._slots), return_exceptions=True)

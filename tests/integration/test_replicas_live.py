@@ -1,0 +1,137 @@
+"""`rstar serve --replicas 2` on a local Ray cluster the test starts: two real CPU engines of the default model
+behind one API, answering the openai client; one replica's actor killed (ray.kill) mid-load: the other keeps
+answering, the requests on the dead one fail with a clear error or are retried, and it comes back in /health.
+
+Two engines plus Ray take about 10 GB: run it alone, under `flock /tmp/rstar-engine.lock`."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.conftest import DEFAULT_MODEL_NAME
+from tests.integration.test_serve_cli import start_logged
+from tests.processes import free_port
+
+
+@dataclass
+class RayCluster:
+    address: str
+    env: dict  # what joins it: token authentication on, with this cluster's own token
+    head_pid: int
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """A one-node Ray cluster, as `ray start` makes one. `--block` ties every Ray process of it to the one
+    started here, so stopping that stops this cluster and no other on the machine. Processes that join get
+    the token in their environment from their start (Ray reads it once, so this process stays out of Ray)."""
+    port = free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+               "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={tmp_path_factory.mktemp('ray')}"]
+    head = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield RayCluster(f"127.0.0.1:{port}", env, head.pid)
+    finally:
+        head.terminate()
+        head.wait(60)
+
+
+def engine_cores(cluster: RayCluster) -> set[int]:
+    """The vLLM EngineCore processes the cluster's actors started."""
+    return {p.pid for p in psutil.Process(cluster.head_pid).children(recursive=True) if "EngineCore" in " ".join(p.cmdline())}
+
+
+def kill_actor(cluster: RayCluster, name: str) -> None:
+    """ray.kill, from a process that joins the cluster, on the named actor."""
+    script = f"import ray; ray.init(address={cluster.address!r}, logging_level='warning'); ray.kill(ray.get_actor({name!r}, namespace='rstar'), no_restart=True)"
+    subprocess.run([sys.executable, "-c", script], env=cluster.env, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def replicated_server(tmp_path_factory, default_model_dir, ray_cluster):
+    port = free_port()
+    data_dir = tmp_path_factory.mktemp("replicas-data")
+    env = {**ray_cluster.env, "RSTAR_DATA_DIR": str(data_dir), "RSTAR_ENGINE__MAX_MODEL_LEN": "2048", "RSTAR_ENGINE__CPU_KV_CACHE_GIB": "1"}
+    base_url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "rstar.cli", "serve", "--port", str(port), "--replicas", "2", "--ray-address", ray_cluster.address]
+    process = start_logged(command, env, data_dir / "serve.log", f"{base_url}/health")
+    yield base_url, data_dir / "serve.log", ray_cluster
+    process.terminate()
+    process.wait(60)
+
+
+def ask(base_url: str, question: str) -> int:
+    """A chat answer's token count."""
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    completion = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=[{"role": "user", "content": question}], max_tokens=24, temperature=0)
+    assert completion.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    return completion.usage.completion_tokens
+
+
+def stream_text(base_url: str, prompt: str, max_tokens: int) -> str:
+    """Exactly max_tokens tokens, streamed; an error event mid-stream raises openai.APIError."""
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    stream = client.completions.create(
+        model=DEFAULT_MODEL_NAME, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True, extra_body={"ignore_eos": True}
+    )
+    return "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+
+
+def replicas(base_url: str) -> list[dict]:
+    return httpx.get(f"{base_url}/health", timeout=10).json()["replicas"]
+
+
+def test_two_replicas_answer_the_openai_client(replicated_server):
+    base_url, _, _ = replicated_server
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: ask(base_url, f"Count from {i} to {i + 5}."), range(4)))
+    assert all(tokens > 0 for tokens in answers)
+    listed = replicas(base_url)
+    assert [(r["index"], r["healthy"], r["restarts"]) for r in listed] == [(0, True, 0), (1, True, 0)]
+    assert all(r["kv_capacity_tokens"] > 0 for r in listed)
+
+
+def test_a_killed_replica_is_survived_and_comes_back(replicated_server):
+    base_url, log_path, cluster = replicated_server
+    victim = replicas(base_url)[0]["name"]
+    cores_before = engine_cores(cluster)
+    with ThreadPoolExecutor(8) as pool:
+        load = [pool.submit(stream_text, base_url, f"A long story about the number {i}:", 160) for i in range(8)]
+        time.sleep(4)  # answers are streaming by now (about 10 tokens/s each on one core)
+        kill_actor(cluster, victim)
+        outcomes = []
+        for future in load:
+            try:
+                outcomes.append(("answered", future.result(timeout=120)))
+            except openai.APIError as exc:
+                outcomes.append(("failed", str(exc)))
+    failed = [message for kind, message in outcomes if kind == "failed"]
+    # Replica 0's share had streamed for seconds: those fail, naming it; replica 1's share is answered whole.
+    assert failed and all("engine replica 0 failed after streaming" in message for message in failed), outcomes
+    assert sum(kind == "answered" for kind, _ in outcomes) >= 4, outcomes
+    assert ask(base_url, "Say hello.") > 0  # the survivor keeps answering while replica 0 restarts
+
+    deadline = time.time() + 240
+    while not ((state := replicas(base_url)[0])["healthy"] and state["restarts"] == 1):
+        assert time.time() < deadline, f"replica 0 did not come back: {state}; {log_path.read_text()[-3000:]}"
+        time.sleep(2)
+    assert state["name"] != victim
+    # The dead actor's EngineCore went with it (no orphan holding its memory): one old core left, one new one.
+    cores_after = engine_cores(cluster)
+    assert len(cores_before) == 2 and len(cores_after) == 2 and len(cores_before & cores_after) == 1
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in cores_before - cores_after)
+    with ThreadPoolExecutor(4) as pool:
+        assert all(tokens > 0 for tokens in pool.map(lambda i: ask(base_url, f"Name {i} colours."), range(4)))
