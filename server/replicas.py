@@ -327,7 +327,7 @@ class ReplicaSlot:
     restarts: int = 0
     in_flight: int = 0  # generations dispatched here and not finished
     stats: EngineStats | None = None  # the latest sample
-    sent_tokens: int = 0  # prompt tokens dispatched since that sample (not yet in its KV usage)
+    sent_tokens: int = 0  # uncached prompt tokens dispatched since that sample (not yet in its KV usage)
     failure: str | None = None  # why it is out, while it is
     epoch: int = 0  # bumped at each loss, so work from before the loss does not count against the new replica
 
@@ -418,7 +418,7 @@ class ReplicatedEngine:
                     self._waiting -= 1
             slot = self._slots[index]
             slot.in_flight += 1
-            slot.sent_tokens += len(prompt_ids)
+            slot.sent_tokens += self.router.uncached_tokens(index, prompt_ids)
         self.router.remember(index, prompt_ids)
         return Lease(index, slot.replica, slot.epoch)
 

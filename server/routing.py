@@ -117,6 +117,10 @@ class Router:
         self._seen[replica].clear()
         self._ends[replica].clear()
 
+    def uncached_tokens(self, replica: int, prompt_ids: Sequence[int]) -> int:
+        """The prompt tokens the replica would have to compute and store: what a dispatch takes from its room."""
+        return len(prompt_ids) - self.cached_blocks(replica, block_hashes(prompt_ids, self.block_tokens)) * self.block_tokens
+
     def cached_blocks(self, replica: int, hashes: Sequence[int]) -> int:
         """How many leading blocks of a prompt (given as its block hashes) the replica holds."""
         seen = self._seen[replica]

@@ -126,6 +126,14 @@ def test_a_restarted_replica_has_forgotten_its_prefixes():
     assert router.choose(history, [up(kv_free=100), up(kv_free=900)]) == 1
 
 
+def test_a_dispatch_takes_only_its_uncached_tokens_from_a_replicas_room():
+    router = Router(replicas=2)
+    router.remember(0, SYSTEM)
+    prompt = SYSTEM + list(range(40))
+    assert router.uncached_tokens(0, prompt) == 40
+    assert router.uncached_tokens(1, prompt) == 104
+
+
 def test_remembered_blocks_are_bounded_least_recently_used_first():
     router = Router(replicas=1, max_blocks=4)
     old, new = list(range(64)), list(range(5000, 5064))
