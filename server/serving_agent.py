@@ -23,7 +23,7 @@ from rstar.server.schemas import CodeCell
 from rstar.server.serving_base import ServingBase, merge, per_choice
 from rstar.server.tool_calls import CALL_CLOSE, CALL_OPEN, TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
 from rstar.server.tool_results import ToolProtocol, protocol_max_tool_response_chars
-from rstar.server.trajectory import ToolCallRecord, Trajectory
+from rstar.server.trajectory import ToolCallRecord, Trajectory, openai_finish_reason
 
 
 @dataclass
@@ -187,11 +187,7 @@ class Answer:
 
     @property
     def finish_reason(self) -> str:
-        """OpenAI's finish reasons; a turn limit reached with a call pending counts as a length limit."""
-        stop = self.trajectory.stop_reason if self.trajectory else "abort"
-        if stop == "tool_calls":
-            return "tool_calls"
-        return {"stop": "stop", "length": "length", "max_turns": "length"}.get(stop, "abort")
+        return openai_finish_reason(self.trajectory.stop_reason if self.trajectory else "abort")
 
     def tool_calls(self) -> list[tuple[str, ToolCall]]:
         """The client tool calls of the answer's last turn, as (id, call)."""

@@ -222,12 +222,29 @@ def test_in_process_run_over_the_models_window_is_refused_with_nothing_stored(tm
 # ---------------------------------------------------------------------------------------- truncation
 
 
+def test_cut_off_is_the_finish_reason_length_of_any_stop_reason():
+    from rstar.server.trajectory import Trajectory, cut_off, openai_finish_reason
+
+    # the loop's stop reasons, then finish reasons as a trajectory read back over HTTP holds them
+    table = {stop: (openai_finish_reason(stop), cut_off(stop)) for stop in ("stop", "length", "max_turns", "tool_calls", "abort", None, "content_filter")}
+    assert table == {
+        "stop": ("stop", False),
+        "length": ("length", True),
+        "max_turns": ("length", True),
+        "tool_calls": ("tool_calls", False),
+        "abort": ("abort", False),
+        None: ("abort", False),
+        "content_filter": ("abort", False),
+    }
+    over_http = Trajectory.from_chat_response({"choices": [{"message": {"content": "2+2 is"}, "finish_reason": "length"}]})
+    assert cut_off(over_http.stop_reason)
+
+
 def test_truncation_rate_is_in_the_summary_and_the_report():
     from rstar.evals.registry import Grade
     from rstar.evals.report import markdown
-    from rstar.evals.runner import plan, summarize, truncated
+    from rstar.evals.runner import plan, summarize
 
-    assert truncated({"stop_reason": "length"}) and truncated({"stop_reason": "max_turns"}) and not truncated({"stop_reason": "stop"})
     grades = [Grade(str(i), 0, 1.0, {"truncated": i < 1}) for i in range(4)]
     summary = summarize(get_benchmark("aime24"), grades, [], 4)
     assert summary["truncation_rate"] == 0.25
