@@ -23,8 +23,8 @@ from rstar.evals.client import (
     chat_completions_url,
     generate,
 )
+from rstar.server.schemas import CodeCell
 from rstar.server.trajectory import Trajectory
-from rstar.ui.render import record_cell
 
 RSTAR = GenerationParams(model="m", template=RSTAR_TEMPLATE, temperature=0.6, top_p=0.95, max_tokens=256, max_turns=5, seed=7)
 NATIVE = GenerationParams(model="m", template=NATIVE_TEMPLATE, temperature=0.0, top_p=1.0, max_tokens=256, max_turns=3)
@@ -230,7 +230,8 @@ def test_a_chat_response_reads_back_as_the_records_its_cells_were_rendered_from(
     response = answer({"content": "", "reasoning_content": "r", "code_cells": cells, "tool_calls": calls}, finish="tool_calls")
     trajectory = Trajectory.from_chat_response({**response, "tool_protocol": "improved"})
     client_call = trajectory.tool_calls[2]
-    # stored, the records show in the UI's drill-down as the very cells the server sent
-    assert [record_cell(record) for record in trajectory.to_dict()["tool_calls"][:2]] == cells
+    # stored, the records draw as the very cells the server sent (the UI's drill-down shows those)
+    assert [CodeCell.of_record(record).model_dump() for record in trajectory.tool_calls[:2]] == cells
+    assert CodeCell.of_record(trajectory.tool_calls[2]) is None
     assert (client_call.index, client_call.name, client_call.arguments, client_call.response) == (2, "get_weather", '{"city": "Oslo"}', None)
     assert (trajectory.turns[0].text, trajectory.stop_reason, trajectory.tool_protocol) == ("<reason>r</reason>", "tool_calls", "improved")

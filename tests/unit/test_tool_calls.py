@@ -23,6 +23,8 @@ from rstar.server.tool_calls import (
     parse_tool_calls,
 )
 from rstar.server.tool_results import render_exec_result, truncate_response
+from rstar.server.schemas import CodeCell
+from rstar.server.trajectory import ToolCallRecord
 from tests.scripted_sandbox import ScriptedSandbox
 
 CALL = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(2024 % 7)", "input": ""}}\n</tool_call>'
@@ -213,6 +215,24 @@ def test_only_execution_text_is_truncated():
     assert run.response.endswith("execution time: 0.10s")
     error, _ = dispatch(TURNS["unknown_tool"], max_response_chars=5)
     assert error.response == "Error when executing tool: 'WolframAlpha'"
+
+
+def test_a_code_cell_is_drawn_from_the_call_record():
+    ran, _ = dispatch(TURNS["one_call"])
+    timed_out, _ = dispatch(TURNS["one_call"], ScriptedSandbox(status="timeout", duration_s=4.0))
+    undecodable, _ = dispatch(TURNS["malformed_json"])
+    unknown, _ = dispatch(TURNS["unknown_tool"])
+    cells = [CodeCell.of_record(record).model_dump() for record in (ran, timed_out, undecodable, unknown)]
+    code = ran.arguments["code"]
+    assert cells == [
+        {"index": 0, "name": PYTHON_TOOL, "code": code, "status": "ok", "stdout": "ok", "stderr": "", "duration_s": 0.01},
+        {"index": 0, "name": PYTHON_TOOL, "code": code, "status": "timeout", "stdout": "", "stderr": "scripted timeout", "duration_s": 4.0},
+        {"index": 0, "name": "", "code": undecodable.raw, "status": "invalid_input", "stdout": "", "stderr": undecodable.response, "duration_s": None},
+        {"index": 0, "name": "WolframAlpha", "code": unknown.raw, "status": "invalid_input", "stdout": "", "stderr": "Error when executing tool: 'WolframAlpha'", "duration_s": None},
+    ]
+    assert undecodable.response.startswith("Failed to decode tool call")
+    client_call = ToolCallRecord.of_call(0, parse_tool_calls(TURNS["unknown_tool"])[0])  # unanswered: the client runs it
+    assert CodeCell.of_record(client_call) is None
 
 
 def test_sandbox_results_render_as_released():
