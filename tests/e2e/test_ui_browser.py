@@ -37,26 +37,32 @@ def chat_text(page) -> str:
 
 
 def messages_text(page) -> str:
-    """The chat's messages alone, without the status label Gradio lays over the chat (it reads "Error" for a run
-    that Stop cancelled mid-answer, depending on when the cancel lands)."""
+    """The chat's messages alone, without the status label Gradio lays over the chat."""
     return "\n".join(page.locator("#chatbot .message-row").all_inner_texts())
 
 
-def wait_until_settled(page, timeout: float = 120, quiet_s: float = 3.0) -> list[str]:
-    """Poll the chat until its text stops changing and Gradio is done; returns every distinct text seen."""
-    seen: list[str] = []
-    last_change = time.time()
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        text = chat_text(page)
-        if not seen or text != seen[-1]:
-            seen.append(text)
-            last_change = time.time()
-        generating = page.locator("#chatbot .pending, #chatbot .generating").count() > 0
-        if not generating and time.time() - last_change > quiet_s:
-            return seen
-        time.sleep(0.05)
-    raise AssertionError(f"the chat did not settle in {timeout} s; last text: {seen[-1][-500:]!r}")
+def answer_signal(page) -> str:
+    """The chat's end-of-answer signal: `<answer number> <streaming|done|stopped>`, set by the UI in the same
+    update as an answer's first and last message."""
+    return (page.locator("#answer-state").text_content() or "").strip()
+
+
+def wait_for_answer(page, before: str, timeout_s: float = 300) -> str:
+    """Wait until the answer sent after the signal read `before` has ended; returns how ("done" or "stopped")."""
+    page.wait_for_function(
+        """(before) => {
+            const signal = document.querySelector('#answer-state').textContent.trim();
+            return signal !== before && / (done|stopped)$/.test(signal);
+        }""",
+        arg=before,
+        timeout=timeout_s * 1000,
+    )
+    return answer_signal(page).split()[-1]
+
+
+def error_shown(page) -> bool:
+    """Whether Gradio's status label over the chat reads "Error" (a failed event)."""
+    return page.locator("#chatbot .error").count() > 0
 
 
 def answer_after(text: str, prompt: str) -> str:
@@ -80,9 +86,10 @@ def test_a_message_streams_an_answer(page):
     prompt = "Count from one to twenty, please."
     set_chat_settings(page, max_tokens=64)
     page.evaluate(RECORD_CHAT)
+    before = answer_signal(page)
     page.fill("#chat-input textarea", prompt)
     page.locator("#chat-input textarea").press("Enter")
-    wait_until_settled(page)
+    assert wait_for_answer(page, before) == "done"
     shown = [answer_after(text, prompt) for text in page.evaluate("window.chatTexts")]
     final = shown[-1]
     assert len(final) > 20 and "⚠" not in final, final
@@ -95,10 +102,10 @@ def test_a_message_streams_an_answer(page):
 def test_a_code_cell_shows_with_its_output(page):
     set_chat_settings(page, max_tokens=60, prefix="I will run it.\n" + FORCED_CALL)
     page.evaluate(RECORD_CHAT)
+    before = answer_signal(page)
     page.fill("#chat-input textarea", "What is 6*7? Use Python.")
     page.click("#send")
-    page.wait_for_function("document.querySelector('#chatbot').innerText.includes('Python cell 1 · ✓ ok')", timeout=120_000)
-    wait_until_settled(page)
+    assert wait_for_answer(page, before) == "done"
     # The cell appeared while it ran (code shown, no output yet), then again with its result.
     running = [text for text in page.evaluate("window.chatTexts") if "Python cell 1 · running…" in text]
     assert running and "time.sleep(1); print(6*7)" in running[0] and "stdout" not in running[0]
@@ -112,10 +119,11 @@ def test_a_code_cell_shows_with_its_output(page):
 def test_a_long_output_is_cut_with_a_way_to_expand(page):
     squares = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "for i in range(40): print(i * i)", "input": ""}}\n</tool_call>'
     set_chat_settings(page, max_tokens=40, prefix=squares)
+    before = answer_signal(page)
     page.fill("#chat-input textarea", "List the first forty squares.")
     page.click("#send")
-    page.wait_for_function("document.querySelector('#chatbot').innerText.includes('Python cell 1 · ✓ ok')", timeout=120_000)
-    wait_until_settled(page)
+    assert wait_for_answer(page, before) == "done"
+    assert "Python cell 1 · ✓ ok" in chat_text(page)
     toggle = page.locator("#chatbot summary", has_text="Show all 40 lines")
     last_square = page.locator("#chatbot code", has_text="1521")  # 39 * 39: past the 20 lines shown
     assert toggle.count() == 1 and "361" in page.locator("#chatbot").inner_text()  # 19 * 19, the head's last
@@ -126,11 +134,13 @@ def test_a_long_output_is_cut_with_a_way_to_expand(page):
 
 def test_the_stop_button_cancels_the_generation_on_the_server(page, live_server):
     set_chat_settings(page, max_tokens=1500, temperature=1.0)
+    before = answer_signal(page)
     page.fill("#chat-input textarea", "Write a very long story about a dragon.")
     page.click("#send")
     page.wait_for_function("document.querySelector('#chatbot').innerText.length > 200", timeout=120_000)
     page.screenshot(path=str(ARTIFACTS / "chat_while_streaming.png"), full_page=True)
     page.click("#stop")
+    assert wait_for_answer(page, before, timeout_s=30) == "stopped"
     deadline = time.time() + 30
     while httpx.get(f"{live_server.base_url}/health").json()["engine"]["unfinished"] > 0:
         assert time.time() < deadline, "the engine still runs the generation 30 s after Stop"
@@ -139,12 +149,15 @@ def test_the_stop_button_cancels_the_generation_on_the_server(page, live_server)
     time.sleep(2)
     # Nothing more arrives: no line that was not there at the stop (a finished reasoning block may fold away).
     assert set(messages_text(page).splitlines()) <= set(stopped.splitlines())
-    assert "dragon" in stopped
+    # The partial answer stays, and the stopped event ended cleanly (no "Error" label over the chat).
+    assert "dragon" in stopped and not error_shown(page)
     # The chat goes on after a stop (the stopped answer was never stored, so this starts a new conversation).
     set_chat_settings(page, max_tokens=8, temperature=0.0)
+    before = answer_signal(page)
     page.fill("#chat-input textarea", "Thanks, that is enough.")
     page.click("#send")
-    final = wait_until_settled(page)[-1]
+    assert wait_for_answer(page, before) == "done"
+    final = chat_text(page)
     assert "Thanks, that is enough." in final and "⚠" not in answer_after(final, "Thanks, that is enough.")
 
 
@@ -170,9 +183,10 @@ def test_a_stored_conversation_opens(page, live_server):
         assert "Reasoning" in shown
     # Continuing it stores into the same conversation.
     set_chat_settings(page, max_tokens=8)
+    before = answer_signal(page)
     page.fill("#chat-input textarea", "And another one?")
     page.click("#send")
-    wait_until_settled(page)
+    assert wait_for_answer(page, before) == "done"
     stored = httpx.get(f"{live_server.base_url}/v1/conversations/{conversation_id}").json()
     assert [m["content"] for m in stored["messages"] if m["role"] == "user"] == [probe, "And another one?"]
     # Export as JSON downloads the open chat.
