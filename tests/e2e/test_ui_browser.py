@@ -216,9 +216,15 @@ def test_an_eval_run_drills_down_to_a_sample_trajectory(page, live_server, tmp_p
     page.wait_for_function("document.querySelector('#plot-scores img')?.naturalWidth === 400", timeout=30_000)  # the runner's chart
     assert "Scores, % ± 1 s.e.: aime24 (avg_pass_at_1)" in page.locator("#plot-scores").inner_text()
     page.locator("#samples").get_by_text(str(written.right_doc["id"]), exact=True).filter(visible=True).first.click()
-    page.wait_for_function("document.querySelector('#sample-trajectory').innerText.includes('Grade: ✓ correct')", timeout=30_000)
+    # The question up to its first formula: its message shows once its math has rendered, which may come after
+    # the later messages.
+    question = written.right_doc["problem"].split("$")[0].strip()
+    page.wait_for_function(
+        "(question) => ['Grade: ✓ correct', question].every(text => document.querySelector('#sample-trajectory').innerText.includes(text))",
+        arg=question,
+        timeout=30_000,
+    )
     shown = page.locator("#sample-trajectory").inner_text()
-    assert written.right_doc["problem"].split("$")[0].strip() in shown  # the question up to its first formula, which renders as math
     assert "Python cell 1 · ✓ ok" in shown and written.code in shown
 
 
