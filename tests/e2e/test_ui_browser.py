@@ -12,6 +12,7 @@ import httpx
 
 from rstar.ui.render import strip_tool_calls
 from tests.conftest import DEFAULT_MODEL_NAME
+from tests.e2e.chat_page import answer_signal, chat_text, error_shown, messages_text, wait_for_answer
 from tests.e2e.conftest import ARTIFACTS
 from tests.eval_run import write_eval_run
 
@@ -30,39 +31,6 @@ def set_chat_settings(page, max_tokens: int, temperature: float = 0.0, prefix: s
     page.locator("#temperature input[type=number]").press("Tab")
     if prefix:
         page.fill("#answer-prefix textarea", prefix)
-
-
-def chat_text(page) -> str:
-    return page.locator("#chatbot").inner_text()
-
-
-def messages_text(page) -> str:
-    """The chat's messages alone, without the status label Gradio lays over the chat."""
-    return "\n".join(page.locator("#chatbot .message-row").all_inner_texts())
-
-
-def answer_signal(page) -> str:
-    """The chat's end-of-answer signal: `<answer number> <streaming|done|stopped>`, set by the UI in the same
-    update as an answer's first and last message."""
-    return (page.locator("#answer-state").text_content() or "").strip()
-
-
-def wait_for_answer(page, before: str, timeout_s: float = 300) -> str:
-    """Wait until the answer sent after the signal read `before` has ended; returns how ("done" or "stopped")."""
-    page.wait_for_function(
-        """(before) => {
-            const signal = document.querySelector('#answer-state').textContent.trim();
-            return signal !== before && / (done|stopped)$/.test(signal);
-        }""",
-        arg=before,
-        timeout=timeout_s * 1000,
-    )
-    return answer_signal(page).split()[-1]
-
-
-def error_shown(page) -> bool:
-    """Whether Gradio's status label over the chat reads "Error" (a failed event)."""
-    return page.locator("#chatbot .error").count() > 0
 
 
 def answer_after(text: str, prompt: str) -> str:
