@@ -106,7 +106,7 @@ def register(benchmark: Benchmark) -> Benchmark:
     return benchmark
 
 
-# Short names (the issue's and the paper's tables') for registry entries.
+# Short names for registry entries, as the paper's tables write them.
 ALIASES = {"hmmt25": "hmmt_feb_2025", "math-500": "math500", "math_500": "math500"}
 
 

@@ -32,6 +32,7 @@ from rstar.evals.answers import PAPER_EXTRACTION, answer_view
 from rstar.evals.client import ChatClient, FatalRequestError, GenerationParams, Sample, generate
 from rstar.evals.registry import Benchmark, Doc, Grade, get_benchmark
 from rstar.server.db import EvalRun, EvalSample
+from rstar.server.trajectory import cut_off
 
 log = logging.getLogger("rstar.evals")
 
@@ -69,12 +70,6 @@ def open_reasoning_budgets(benchmarks: dict[str, dict[str, Any]], opens_reasonin
         else sampling
         for name, sampling in benchmarks.items()
     }
-
-
-def truncated(trajectory: dict) -> bool:
-    """Whether the answer was cut off rather than finished: the agent loop's stop reasons `length` (token
-    budget) and `max_turns`, or OpenAI's finish reason `length`, which our server also gives for a turn limit."""
-    return trajectory.get("stop_reason") in ("length", "max_turns")
 
 
 def select_docs(docs: list[Doc], limit: int | None) -> list[Doc]:
@@ -326,7 +321,7 @@ async def execute(
                 continue
             if sample.errors:
                 grade.details["generation_errors"] = sample.errors
-            grade.details["truncated"] = not sample.errors and truncated(sample.trajectory)  # a refusal is counted apart
+            grade.details["truncated"] = not sample.errors and cut_off(sample.trajectory.get("stop_reason"))  # a refusal is counted apart
             if await loop.run_in_executor(writer, store.add, run.id, work.bench.name, grade, sample):
                 counts["generated"] += 1
             progress.advance(work.bench.name, grade.score)

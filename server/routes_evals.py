@@ -18,6 +18,8 @@ from sqlalchemy.orm import sessionmaker
 
 from rstar.server.db import EvalRun, EvalSample, app_database
 from rstar.server.errors import APIError
+from rstar.server.schemas import CodeCell
+from rstar.server.trajectory import ToolCallRecord
 
 # The files a run directory holds for readers: reports and plots (the runner's report.json, report.md, *.png).
 _SERVABLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.(json|md|png)$")
@@ -64,6 +66,12 @@ def _servable_files(run_dir: str) -> list[str]:
     if directory is None or not directory.is_dir():
         return []
     return sorted(path.name for path in directory.iterdir() if path.is_file() and not path.is_symlink() and _SERVABLE.match(path.name))
+
+
+def _code_cells(trajectory: dict | None) -> list[dict[str, Any]]:
+    """A stored trajectory's code cells as a chat answer shows them, so clients draw both alike."""
+    records = [ToolCallRecord(**call) for call in (trajectory or {}).get("tool_calls") or []]
+    return [cell.model_dump() for cell in map(CodeCell.of_record, records) if cell is not None]
 
 
 def _get_run(session, run_id: str) -> EvalRun:
@@ -125,7 +133,8 @@ def evals_router() -> APIRouter:
             sample = session.get(EvalSample, sample_id)
             if sample is None or sample.run_id != run_id:
                 raise APIError(404, f"No sample {sample_id} in eval run `{run_id}`.", "sample_id", "not_found")
-            return {**_sample_row(sample), "grade": sample.grade, "request": sample.request, "response": sample.response, "trajectory": sample.trajectory}
+            return {**_sample_row(sample), "grade": sample.grade, "request": sample.request, "response": sample.response, "trajectory": sample.trajectory,
+                    "code_cells": _code_cells(sample.trajectory)}  # fmt: skip
 
     @router.get("/runs/{run_id}/files/{name}")
     def get_file(run_id: str, name: str, sessions: sessionmaker = database) -> FileResponse:

@@ -1,6 +1,7 @@
 """OpenAI wire schemas (requests, responses, stream chunks, errors) as pydantic models.
 
-Only the shapes live here; what the server does with them is in `serving_*.py`. Unknown request fields are
+Only the shapes live here (and how a code cell is drawn from a tool-call record, for every endpoint that shows
+one); what the server does with them is in `serving_*.py`. Unknown request fields are
 ignored rather than rejected, as OpenAI and vLLM do, so newer clients keep working.
 """
 
@@ -8,9 +9,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+from rstar.server.trajectory import ToolCallRecord
 
 
 class _Request(BaseModel):
@@ -179,6 +183,26 @@ class CodeCell(BaseModel):
     def _every_field(self, handler):
         # Streams drop unset fields (exclude_none); a cell keeps its documented shape, duration_s null included.
         return {name: getattr(self, name) for name in type(self).model_fields}
+
+    @classmethod
+    def of_record(cls, record: ToolCallRecord) -> "CodeCell | None":
+        """The final state of a call the server answered, live or stored; None for a client tool's call (the
+        client runs it: nothing ran and the model was not answered)."""
+        if record.exec_status is None and record.response is None:
+            return None
+        arguments = record.arguments if isinstance(record.arguments, Mapping) else {}
+        if record.exec_status is None:  # nothing ran: bad JSON, unknown or disabled tool, bad arguments
+            name = record.name if isinstance(record.name, str) else ""
+            return cls(index=record.index, name=name, code=str(arguments.get("code", record.raw)), status="invalid_input", stderr=record.response)
+        return cls(
+            index=record.index,
+            name=record.name,
+            code=arguments.get("code", ""),
+            status=record.exec_status,
+            stdout=record.stdout or "",
+            stderr=record.stderr or "",
+            duration_s=record.exec_duration_s,
+        )
 
 
 class FunctionCall(BaseModel):

@@ -23,7 +23,7 @@ from rstar.server.schemas import CodeCell
 from rstar.server.serving_base import ServingBase, merge, per_choice
 from rstar.server.tool_calls import CALL_CLOSE, CALL_OPEN, TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
 from rstar.server.tool_results import ToolProtocol, protocol_max_tool_response_chars
-from rstar.server.trajectory import ToolCallRecord, Trajectory
+from rstar.server.trajectory import ToolCallRecord, Trajectory, openai_finish_reason
 
 
 @dataclass
@@ -187,11 +187,7 @@ class Answer:
 
     @property
     def finish_reason(self) -> str:
-        """OpenAI's finish reasons; a turn limit reached with a call pending counts as a length limit."""
-        stop = self.trajectory.stop_reason if self.trajectory else "abort"
-        if stop == "tool_calls":
-            return "tool_calls"
-        return {"stop": "stop", "length": "length", "max_turns": "length"}.get(stop, "abort")
+        return openai_finish_reason(self.trajectory.stop_reason if self.trajectory else "abort")
 
     def tool_calls(self) -> list[tuple[str, ToolCall]]:
         """The client tool calls of the answer's last turn, as (id, call)."""
@@ -240,7 +236,7 @@ class Answer:
             self.cells[event.index] = cell
             return [cell]
         if isinstance(event, ToolResult):
-            cell = finished_cell(event.record)
+            cell = CodeCell.of_record(event.record)
             if cell is None:
                 return []
             self.cells[cell.index] = cell
@@ -248,25 +244,6 @@ class Answer:
         if isinstance(event, Done):
             self.trajectory = event.trajectory
         return []
-
-
-def finished_cell(record: ToolCallRecord) -> CodeCell | None:
-    """The final state of a call the server answered; None for a client tool's call (the client runs it)."""
-    if record.response is None:
-        return None
-    if record.exec_status is None:  # nothing ran: bad JSON, unknown or disabled tool, bad arguments
-        code = record.arguments.get("code", record.raw) if isinstance(record.arguments, Mapping) else record.raw
-        name = record.name if isinstance(record.name, str) else ""
-        return CodeCell(index=record.index, name=name, code=str(code), status="invalid_input", stderr=record.response)
-    return CodeCell(
-        index=record.index,
-        name=record.name,
-        code=record.arguments.get("code", "") if isinstance(record.arguments, Mapping) else "",
-        status=record.exec_status,
-        stdout=record.stdout or "",
-        stderr=record.stderr or "",
-        duration_s=record.exec_duration_s,
-    )
 
 
 def _count_tool_call(metrics: ServerMetrics, record: ToolCallRecord) -> None:

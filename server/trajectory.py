@@ -21,6 +21,17 @@ from rstar.server.tool_calls import ToolCall
 StopReason = Literal["stop", "length", "max_turns", "tool_calls", "abort"]
 
 
+def openai_finish_reason(stop_reason: str | None) -> str:
+    """OpenAI's finish reason for a stop reason. A turn limit reached with a call pending counts as a length
+    limit; a trajectory read back from a chat completion holds a finish reason already, which maps to itself."""
+    return {"stop": "stop", "length": "length", "max_turns": "length", "tool_calls": "tool_calls"}.get(stop_reason, "abort")
+
+
+def cut_off(stop_reason: str | None) -> bool:
+    """Whether an answer that stopped so was cut off by a token or turn limit rather than finished."""
+    return openai_finish_reason(stop_reason) == "length"
+
+
 @dataclass
 class ToolCallRecord:
     """One call of a trajectory from its parse to its answer: the one record of a tool call. The wire forms

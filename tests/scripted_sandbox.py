@@ -1,5 +1,7 @@
 """A SandboxClient that answers from a script instead of running code: the unit-test stand-in for the
-sandbox. It records every request and which runs were cancelled, so tests can check both sides."""
+sandbox, and the only one. Tests hand it to the server as a client, or to the agent loop through the real
+`SandboxExecutor` (`executor()`), so the request a call becomes is the one production sends. It records
+every request and which runs were cancelled, so tests can check both sides."""
 
 from __future__ import annotations
 
@@ -7,17 +9,28 @@ import asyncio
 from dataclasses import dataclass, field
 
 from rstar.sandbox.schemas import RunRequest, RunResult
+from rstar.server.builtin_tools import SandboxExecutor
 
 
 @dataclass
 class ScriptedSandbox:
-    outputs: dict[str, str] = field(default_factory=dict)  # code -> stdout; other code prints nothing
+    outputs: dict[str, str] = field(default_factory=dict)  # code -> stdout
+    stdout: str = ""  # what code not in `outputs` prints
+    duration_s: float = 0.01  # the execution time each result reports
     delay_s: float = 0.0  # > 0 keeps runs in flight long enough to cancel
+    status: str = "ok"  # another status fails every run with it
+    error: Exception | None = None  # raised by every run: the sandbox itself is unreachable or broken
     requests: list[RunRequest] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)  # code of runs cancelled mid-way
-    status: str = "ok"
     started: bool = False
     closed: bool = False
+
+    def executor(self) -> SandboxExecutor:
+        return SandboxExecutor(self)
+
+    @property
+    def codes(self) -> list[str]:
+        return [request.code for request in self.requests]
 
     async def start(self) -> "ScriptedSandbox":
         self.started = True
@@ -31,9 +44,12 @@ class ScriptedSandbox:
         except asyncio.CancelledError:
             self.cancelled.append(request.code)
             raise
+        if self.error is not None:
+            raise self.error
         if self.status != "ok":
-            return RunResult(status=self.status, stderr=f"scripted {self.status}", duration_s=0.01)
-        return RunResult(status="ok", exit_code=0, stdout=self.outputs.get(request.code, ""), duration_s=0.01)
+            return RunResult(status=self.status, stderr=f"scripted {self.status}", duration_s=self.duration_s)
+        stdout = self.outputs.get(request.code, self.stdout)
+        return RunResult(status="ok", exit_code=0, stdout=stdout, duration_s=self.duration_s)
 
     async def run_batch(self, requests: list) -> list[RunResult]:
         return [await self.run(r) for r in requests]

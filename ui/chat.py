@@ -6,11 +6,15 @@ exchange), the full messages (with reasoning and cells, for export) and the rend
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import json
 import logging
 import tempfile
+from collections.abc import AsyncIterator
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import gradio as gr
 
@@ -35,6 +39,41 @@ LATEX_DELIMITERS = [
     {"left": "$", "right": "$", "display": False},
     {"left": "\\(", "right": "\\)", "display": False},
 ]
+
+
+T = TypeVar("T")
+
+
+async def until_set(stop: asyncio.Event, events: AsyncIterator[T]) -> AsyncIterator[T]:
+    """The items of `events` until `stop` is set, even while the next one is awaited (a long tool call keeps
+    the stream quiet); then the stream is closed, which makes the server abort the generation."""
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        async with contextlib.aclosing(events):
+            while not stop.is_set():
+                following = asyncio.ensure_future(anext(events, None))
+                await asyncio.wait({following, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if stop.is_set():
+                    following.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await following
+                    return
+                item = following.result()
+                if item is None:
+                    return
+                yield item
+    finally:
+        stopped.cancel()
+
+
+# Every answer's number in this process: the end-of-answer signal names it, so a page (or a browser test)
+# tells this answer's end from the previous one's.
+ANSWER_NUMBERS = itertools.count(1)
+
+
+def answer_signal(number: int, phase: str) -> str:
+    """The hidden `#answer-state` element's text: `<answer number> <streaming|done|stopped>`."""
+    return f"{number} {phase}"
 
 
 def new_state() -> dict[str, Any]:
@@ -116,6 +155,9 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
                 box = gr.Textbox(show_label=False, placeholder="Your message (Enter to send)", scale=8, elem_id="chat-input", autofocus=True)
                 send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
                 stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
+            # Set in the same update as an answer's first and last message, so the page says when an answer
+            # has ended without anyone guessing from a quiet period.
+            answer_state = gr.HTML("", visible="hidden", elem_id="answer-state")
             gr.Examples(EXAMPLES, inputs=box, label="Examples")
             with gr.Accordion("Settings", open=False, elem_id="chat-settings"):
                 with gr.Row():
@@ -132,20 +174,25 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
                     elem_id="answer-prefix",
                 )
 
-    async def respond(text, state, model, temperature, max_tokens, max_turns, tools, system, prefix):
+    # The stop request of each page session's running answer (Gradio's session hash -> event).
+    stops: dict[str, asyncio.Event] = {}
+
+    async def respond(text, state, model, temperature, max_tokens, max_turns, tools, system, prefix, request: gr.Request):
         if not text.strip():
-            yield gr.skip(), state, gr.skip(), ""
+            yield gr.skip(), state, gr.skip(), "", gr.skip()
             return
         payload = request_payload(state, text, model, temperature, max_tokens, max_turns, tools, system, prefix or "")
         user = {"role": "user", "content": text}
         shown = [*state["display"], user]
         turn = AssistantTurn()
+        number, stop = next(ANSWER_NUMBERS), asyncio.Event()
+        stops[request.session_hash] = stop
         # Each yield carries the state as it stands, so a stop keeps the partial answer in the history.
         progress = {**state, "messages": [*state["messages"], user], "display": shown}
-        yield shown + turn_messages(turn, streaming=True), progress, "", ""
+        yield shown + turn_messages(turn, streaming=True), progress, "", "", answer_signal(number, "streaming")
         stored_as = None
         try:
-            async for event in client.stream_chat(payload):
+            async for event in until_set(stop, client.stream_chat(payload)):
                 if event.kind == "started":
                     stored_as = event.value
                     continue
@@ -158,17 +205,25 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
                 elif event.kind == "finished":
                     turn.finish_reason = event.value
                 progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": shown + turn_messages(turn)}
-                yield shown + turn_messages(turn, streaming=True), progress, gr.skip(), ""
+                yield shown + turn_messages(turn, streaming=True), progress, gr.skip(), "", gr.skip()
             # The server stores the exchange once the answer is complete; a stopped one may not exist there,
             # so only a finished stream's id is sent back next time.
-            progress["conversation_id"] = stored_as or progress["conversation_id"]
+            if not stop.is_set():
+                progress["conversation_id"] = stored_as or progress["conversation_id"]
         except ApiError as exc:
             turn.error = str(exc)
         except Exception as exc:  # the page gets one line; the log keeps the traceback
             log.exception("chat stream failed")
             turn.error = f"Unexpected error: {type(exc).__name__}: {exc}"
+        finally:
+            if stops.get(request.session_hash) is stop:
+                del stops[request.session_hash]
         progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": shown + turn_messages(turn)}
-        yield progress["display"], progress, gr.skip(), ""
+        yield progress["display"], progress, gr.skip(), "", answer_signal(number, "stopped" if stop.is_set() else "done")
+
+    async def stop_answer(request: gr.Request):
+        if request.session_hash in stops:
+            stops[request.session_hash].set()
 
     async def list_conversations(selected):
         try:
@@ -211,14 +266,16 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
         return gr.update(value=out.name, visible=True), ""
 
     settings = [model, temperature, max_tokens, max_turns, tools, system, prefix]
-    outputs = [chatbot, state, box, alert]
+    outputs = [chatbot, state, box, alert, answer_state]
     # Progress shows on the chat only: the input box stays usable for the next message.
     submitted = box.submit(respond, [box, state, *settings], outputs, show_progress_on=chatbot)
     clicked = send.click(respond, [box, state, *settings], outputs, show_progress_on=chatbot)
     for event in (submitted, clicked):
         event.then(list_conversations, conversations, [conversations, alert])
-    # Cancelling the handler's task closes its HTTP stream, and the server aborts the generation.
-    stop.click(None, None, None, cancels=[submitted, clicked])
+    # Stop asks the running answer to end rather than cancelling its task (Gradio's `cancels`): the answer then
+    # closes its HTTP stream, so the server aborts the generation, and ends with the partial answer shown. A
+    # cancelled task ends the event without a last update, and Gradio may then show "Error" over the chat.
+    stop.click(stop_answer, None, None, queue=False)
     new_chat.click(lambda: ([], new_state(), None, ""), None, [chatbot, state, conversations, alert])
     refresh.click(list_conversations, conversations, [conversations, alert])
     open_button.click(open_conversation, conversations, [chatbot, state, alert])

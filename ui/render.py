@@ -165,32 +165,20 @@ def conversation_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]
 # -- evaluations ------------------------------------------------------------------------------------
 
 
-def record_cell(call: dict[str, Any]) -> dict[str, Any]:
-    """A trajectory's ToolCallRecord in the server's code-cell shape (as the server maps it for its stream)."""
-    arguments = call.get("arguments") if isinstance(call.get("arguments"), dict) else {}
-    ran = call.get("exec_status") is not None  # nothing ran: bad JSON, unknown or disabled tool, bad arguments
-    return {
-        "index": call.get("index", 0),
-        "name": call.get("name") if isinstance(call.get("name"), str) else "",
-        "code": arguments.get("code") or call.get("raw") or "",
-        "status": call["exec_status"] if ran else "invalid_input",
-        "stdout": call.get("stdout") or "",
-        "stderr": (call.get("stderr") or "") if ran else (call.get("response") or call.get("decode_error") or ""),
-        "duration_s": call.get("exec_duration_s"),
-    }
-
-
-def trajectory_turn(trajectory: dict[str, Any]) -> AssistantTurn:
+def trajectory_turn(trajectory: dict[str, Any], cells: list[dict[str, Any]]) -> AssistantTurn:
     """A stored trajectory as one assistant turn: each sampled turn's text, then the cells it called.
 
-    Calls of turn -1 were given in the prompt's final assistant message (a forced call) and ran first.
+    `cells` are the server's code cells for the trajectory's calls (by call index), drawn as in a chat answer;
+    a call with no cell (a client tool's) shows none. Calls of turn -1 were given in the prompt's final
+    assistant message (a forced call) and ran first.
     """
     turn = AssistantTurn()
-    calls = trajectory.get("tool_calls") or []
+    cell_of_call = {cell["index"]: cell for cell in cells}
+    calls = [call for call in trajectory.get("tool_calls") or [] if call.get("index") in cell_of_call]
     turns = trajectory.get("turns") or []
     for call in calls:
         if call.get("turn") == -1:
-            turn.update_cell(record_cell(call))
+            turn.update_cell(cell_of_call[call["index"]])
     for number, sampled in enumerate(turns):
         text = sampled.get("text") or ""
         if number == len(turns) - 1 and "</reason>" in text:
@@ -202,7 +190,7 @@ def trajectory_turn(trajectory: dict[str, Any]) -> AssistantTurn:
             turn.add_reasoning(text.replace("<reason>", ""))
         for call in calls:
             if call.get("turn") == number:
-                turn.update_cell(record_cell(call))
+                turn.update_cell(cell_of_call[call["index"]])
     turn.finish_reason = trajectory.get("stop_reason")
     return turn
 
@@ -215,7 +203,7 @@ def sample_messages(sample: dict[str, Any]) -> list[dict[str, Any]]:
         if message.get("role") == "user":
             shown.append({"role": "user", "content": message.get("content") or ""})
     if sample.get("trajectory"):
-        shown += turn_messages(trajectory_turn(sample["trajectory"]))
+        shown += turn_messages(trajectory_turn(sample["trajectory"], sample.get("code_cells") or []))
     elif sample.get("response") is not None:
         response = sample["response"]
         shown.append({"role": "assistant", "content": response if isinstance(response, str) else fence(json.dumps(response, indent=2), "json")})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,28 +23,38 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 ARTIFACTS = REPO_ROOT / "artifacts" / "e2e"
 
 
-@pytest.fixture(scope="session")
-def ui_url(live_server):
+def serve_in_thread(app) -> tuple[str, Callable[[], None]]:
+    """Serve an ASGI app on a free loopback port from a thread: its base URL, and how to stop it."""
     import uvicorn
-    from fastapi import FastAPI
-
-    from rstar.ui.app import UI_PATH, mount_ui
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(mount_ui(FastAPI(), live_server.base_url), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 60
     while not server.started:
-        assert thread.is_alive(), "the UI server exited during start-up"
-        assert time.time() < deadline, "the UI server did not start in 60 s"
+        assert thread.is_alive(), "the server exited during start-up"
+        assert time.time() < deadline, "the server did not start in 60 s"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}{UI_PATH}/"
-    server.should_exit = True
-    thread.join(30)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(30)
+
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", stop
+
+
+@pytest.fixture(scope="session")
+def ui_url(live_server):
+    from fastapi import FastAPI
+
+    from rstar.ui.app import UI_PATH, mount_ui
+
+    base_url, stop = serve_in_thread(mount_ui(FastAPI(), live_server.base_url))
+    yield f"{base_url}{UI_PATH}/"
+    stop()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import json
 
 import pytest
 
-from rstar.sandbox.schemas import RunResult
 from rstar.server.agent_loop import (
     Done,
     LoopConfig,
@@ -29,6 +28,7 @@ from rstar.server.tool_calls import TextDelta, ToolCallArgumentsDelta, ToolCallE
 from rstar.server.tool_results import tool_turn_text
 from rstar.server.trajectory import Trajectory
 from tests.scripted_engine import ScriptedEngine
+from tests.scripted_sandbox import ScriptedSandbox
 
 QUESTION = [{"role": "user", "content": "How many positive divisors does 2024 have?"}]
 TOOLS = builtin_tool_schemas([PYTHON_TOOL, JUPYTER_TOOL])
@@ -45,23 +45,9 @@ def scripted_engine(tokenizer, turns: list[str], **options) -> ScriptedEngine:
     return ScriptedEngine(tokenizer, turns, tokens_per_delta=3, **options)
 
 
-class ScriptedExecutor:
-    def __init__(self, outputs: dict[str, str] | None = None, block: bool = False):
-        self.outputs, self.block = outputs or {}, block
-        self.calls: list[tuple[str, str, list[str]]] = []
-        self.protocols: list[str] = []
-        self.cancelled = False
-
-    async def execute(self, tool, code, stdin, replay, protocol="improved"):
-        self.calls.append((code, stdin, list(replay)))
-        self.protocols.append(protocol)
-        if self.block:
-            try:
-                await asyncio.sleep(3600)
-            except asyncio.CancelledError:
-                self.cancelled = True
-                raise
-        return RunResult(status="ok", exit_code=0, stdout=self.outputs.get(code, ""), duration_s=0.25)
+def scripted_sandbox(outputs: dict[str, str] | None = None, delay_s: float = 0.0) -> ScriptedSandbox:
+    """The scripted sandbox reporting 0.25 s per run; the loop reaches it through the real SandboxExecutor."""
+    return ScriptedSandbox(outputs or {}, duration_s=0.25, delay_s=delay_s)
 
 
 def run(engine, executor, template, config=LoopConfig(), messages=QUESTION, tools=TOOLS) -> Trajectory:
@@ -84,7 +70,7 @@ def template(request, default_tokenizer):
 
 def test_token_stream_equals_the_rendered_conversation(template, default_tokenizer):
     engine = scripted_engine(default_tokenizer, TWO_TOOL_TURNS)
-    trajectory = run(engine, ScriptedExecutor(OUTPUTS), template)
+    trajectory = run(engine, scripted_sandbox(OUTPUTS).executor(), template)
     assert trajectory.stop_reason == "stop" and len(trajectory.turns) == 3
 
     conversation = trajectory_messages(template, QUESTION, trajectory)
@@ -96,7 +82,7 @@ def test_token_stream_equals_the_rendered_conversation(template, default_tokeniz
 
 
 def test_mask_zero_tokens_are_exactly_the_tool_turns(template, default_tokenizer):
-    trajectory = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template)
+    trajectory = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), scripted_sandbox(OUTPUTS).executor(), template)
     spans, current = [], []
     for token, mask in zip(trajectory.response_ids, trajectory.response_mask):
         if mask == 0:
@@ -115,7 +101,7 @@ def test_mask_zero_tokens_are_exactly_the_tool_turns(template, default_tokenizer
 
 def test_never_retokenizes_history(default_tokenizer):
     engine = scripted_engine(default_tokenizer, TWO_TOOL_TURNS)
-    trajectory = run(engine, ScriptedExecutor(OUTPUTS), rstar_template(default_tokenizer))
+    trajectory = run(engine, scripted_sandbox(OUTPUTS).executor(), rstar_template(default_tokenizer))
     full = trajectory.prompt_ids + trajectory.response_ids
     for prompt in engine.prompts:
         assert full[: len(prompt)] == prompt
@@ -125,7 +111,7 @@ def test_never_retokenizes_history(default_tokenizer):
 
 
 def test_trajectory_records_logprobs_calls_and_versions(default_tokenizer):
-    trajectory = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS, weight_version=7), ScriptedExecutor(OUTPUTS), rstar_template(default_tokenizer))
+    trajectory = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS, weight_version=7), scripted_sandbox(OUTPUTS).executor(), rstar_template(default_tokenizer))
     assert len(trajectory.logprobs) == len(trajectory.response_ids) == len(trajectory.response_mask)
     assert {lp for lp, m in zip(trajectory.logprobs, trajectory.response_mask) if m == 1} == {-0.5}
     assert {lp for lp, m in zip(trajectory.logprobs, trajectory.response_mask) if m == 0} == {0.0}
@@ -141,10 +127,10 @@ def test_trajectory_records_logprobs_calls_and_versions(default_tokenizer):
 
 def test_one_budget_for_the_whole_trajectory(default_tokenizer):
     template = rstar_template(default_tokenizer)
-    full = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template)
+    full = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), scripted_sandbox(OUTPUTS).executor(), template)
     budget = full.turns[2].start + 5  # the third turn gets only what the first two and both tool turns left
     engine = scripted_engine(default_tokenizer, TWO_TOOL_TURNS)
-    cut = run(engine, ScriptedExecutor(OUTPUTS), template, LoopConfig(max_response_tokens=budget))
+    cut = run(engine, scripted_sandbox(OUTPUTS).executor(), template, LoopConfig(max_response_tokens=budget))
     assert [options.max_tokens for options in engine.sampling] == [budget, budget - full.turns[1].start, 5]
     assert cut.stop_reason == "length" and len(cut.response_ids) == budget
     assert cut.response_ids == full.response_ids[:budget]
@@ -152,9 +138,9 @@ def test_one_budget_for_the_whole_trajectory(default_tokenizer):
 
 def test_a_tool_turn_that_would_fill_the_budget_ends_the_trajectory(default_tokenizer):
     template = rstar_template(default_tokenizer)
-    full = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template)
+    full = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), scripted_sandbox(OUTPUTS).executor(), template)
     budget = full.turns[1].start  # first turn + its tool turn exactly fill it
-    cut = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), template, LoopConfig(max_response_tokens=budget))
+    cut = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), scripted_sandbox(OUTPUTS).executor(), template, LoopConfig(max_response_tokens=budget))
     assert cut.stop_reason == "length"
     assert cut.response_ids == full.response_ids[: full.turns[0].end]  # the last tokens are the model's
     assert set(cut.response_mask) == {1}
@@ -165,38 +151,38 @@ def test_context_window_caps_the_budget(default_tokenizer):
     template = rstar_template(default_tokenizer)
     prompt_len = len(template.encode(QUESTION, TOOLS))
     engine = scripted_engine(default_tokenizer, ["Short answer."], max_model_len=prompt_len + 3)
-    trajectory = run(engine, ScriptedExecutor(), template, LoopConfig(max_response_tokens=1000))
+    trajectory = run(engine, scripted_sandbox().executor(), template, LoopConfig(max_response_tokens=1000))
     assert engine.sampling[0].max_tokens == 3
     assert trajectory.stop_reason == "length"
 
 
 def test_turn_limit_stops_before_running_the_pending_call(default_tokenizer):
-    executor = ScriptedExecutor(OUTPUTS)
-    trajectory = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), executor, rstar_template(default_tokenizer), LoopConfig(max_turns=2))
+    sandbox = scripted_sandbox(OUTPUTS)
+    trajectory = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), sandbox.executor(), rstar_template(default_tokenizer), LoopConfig(max_turns=2))
     assert trajectory.stop_reason == "max_turns"
-    assert len(trajectory.turns) == 2 and len(executor.calls) == 1
+    assert len(trajectory.turns) == 2 and len(sandbox.requests) == 1
     assert trajectory.response_mask[-1] == 1
 
 
 def test_no_call_ends_after_one_turn(default_tokenizer):
-    trajectory = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS[2:]), ScriptedExecutor(), rstar_template(default_tokenizer))
+    trajectory = run(scripted_engine(default_tokenizer, TWO_TOOL_TURNS[2:]), scripted_sandbox().executor(), rstar_template(default_tokenizer))
     assert trajectory.stop_reason == "stop" and trajectory.tool_calls == [] and set(trajectory.response_mask) == {1}
 
 
 def test_only_the_first_call_of_a_turn_runs_by_default(default_tokenizer):
     turns = ["Two at once.\n" + call("print(1)") + "\n" + call("print(2)"), "Done.</reason><answer>1</answer>"]
-    executor = ScriptedExecutor()
-    trajectory = run(scripted_engine(default_tokenizer, turns), executor, rstar_template(default_tokenizer))
-    assert [code for code, _, _ in executor.calls] == ["print(1)"]
+    sandbox = scripted_sandbox()
+    trajectory = run(scripted_engine(default_tokenizer, turns), sandbox.executor(), rstar_template(default_tokenizer))
+    assert sandbox.codes == ["print(1)"]
     assert len(trajectory.tool_calls) == 1
 
 
 def test_parallel_calls_share_one_tool_turn(default_tokenizer):
     turns = ["Two at once.\n" + call("print(1)") + "\n" + call("print(2)"), "Done.</reason><answer>1</answer>"]
-    executor = ScriptedExecutor({"print(1)": "1\n", "print(2)": "2\n"})
+    sandbox = scripted_sandbox({"print(1)": "1\n", "print(2)": "2\n"})
     template = rstar_template(default_tokenizer)
-    trajectory = run(scripted_engine(default_tokenizer, turns), executor, template, LoopConfig(max_parallel_calls=2))
-    assert sorted(code for code, _, _ in executor.calls) == ["print(1)", "print(2)"]
+    trajectory = run(scripted_engine(default_tokenizer, turns), sandbox.executor(), template, LoopConfig(max_parallel_calls=2))
+    assert sorted(sandbox.codes) == ["print(1)", "print(2)"]
     tool_text = default_tokenizer.decode([t for t, m in zip(trajectory.response_ids, trajectory.response_mask) if m == 0], skip_special_tokens=False)
     assert tool_text.count("<|im_start|>user") == 1 and tool_text.count("<tool_response>") == 2
     assert tool_text.index("stdout: 1") < tool_text.index("stdout: 2")
@@ -204,9 +190,9 @@ def test_parallel_calls_share_one_tool_turn(default_tokenizer):
 
 def test_malformed_call_is_answered_with_the_decode_error(default_tokenizer):
     turns = ['Oops.\n<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "1"\n</tool_call>', "Fine.</reason>"]
-    executor = ScriptedExecutor()
-    trajectory = run(scripted_engine(default_tokenizer, turns), executor, rstar_template(default_tokenizer))
-    assert executor.calls == []
+    sandbox = scripted_sandbox()
+    trajectory = run(scripted_engine(default_tokenizer, turns), sandbox.executor(), rstar_template(default_tokenizer))
+    assert sandbox.requests == []
     assert trajectory.tool_calls[0].response.startswith("Failed to decode tool call: Expecting ',' delimiter")
     assert "<tool_response>\nFailed to decode tool call:" in default_tokenizer.decode(trajectory.response_ids, skip_special_tokens=False)
 
@@ -219,17 +205,17 @@ def test_jupyter_cells_replay_earlier_ones_including_from_the_conversation(defau
     ]
     assert prior_jupyter_cells(history) == ["a = 1"]
     turns = [call("b = a + 1", JUPYTER_TOOL), call("b", JUPYTER_TOOL), "2.</reason>"]
-    executor = ScriptedExecutor()
-    run(scripted_engine(default_tokenizer, turns), executor, rstar_template(default_tokenizer), messages=history)
-    assert executor.calls == [("b = a + 1", "", ["a = 1"]), ("b", "", ["a = 1", "b = a + 1"])]
+    sandbox = scripted_sandbox()
+    run(scripted_engine(default_tokenizer, turns), sandbox.executor(), rstar_template(default_tokenizer), messages=history)
+    assert [(r.code, r.input, r.history) for r in sandbox.requests] == [("b = a + 1", None, ["a = 1"]), ("b", None, ["a = 1", "b = a + 1"])]  # a cell has no stdin
 
 
 def test_a_client_declared_tool_ends_the_loop_with_the_call(default_tokenizer):
     turns = ['<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>']
-    executor = ScriptedExecutor()
+    sandbox = scripted_sandbox()
     config = LoopConfig(client_tools=frozenset({"get_weather"}))
-    trajectory = run(scripted_engine(default_tokenizer, turns), executor, rstar_template(default_tokenizer), config)
-    assert trajectory.stop_reason == "tool_calls" and executor.calls == []
+    trajectory = run(scripted_engine(default_tokenizer, turns), sandbox.executor(), rstar_template(default_tokenizer), config)
+    assert trajectory.stop_reason == "tool_calls" and sandbox.requests == []
     record = trajectory.tool_calls[0]
     assert (record.name, record.arguments, record.response) == ("get_weather", {"city": "Paris"}, None)
 
@@ -242,7 +228,7 @@ def collect_events(engine, executor, template, config=LoopConfig()):
 
 
 def test_events_stream_reasoning_code_and_results_in_order(default_tokenizer):
-    events = collect_events(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), ScriptedExecutor(OUTPUTS), rstar_template(default_tokenizer))
+    events = collect_events(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), scripted_sandbox(OUTPUTS).executor(), rstar_template(default_tokenizer))
     kinds = []
     for event in events:
         kind = type(event).__name__
@@ -269,7 +255,7 @@ def test_closing_the_event_stream_aborts_the_engine_request(default_tokenizer):
     engine = scripted_engine(default_tokenizer, TWO_TOOL_TURNS)
 
     async def go():
-        events = run_agent(engine, rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, ScriptedExecutor(), request_id="r1")
+        events = run_agent(engine, rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, scripted_sandbox().executor(), request_id="r1")
         async with contextlib.aclosing(events):
             async for event in events:
                 if isinstance(event, TextDelta):
@@ -280,19 +266,19 @@ def test_closing_the_event_stream_aborts_the_engine_request(default_tokenizer):
 
 
 def test_cancelling_during_a_tool_call_cancels_the_sandbox_job(default_tokenizer):
-    executor = ScriptedExecutor(block=True)
+    sandbox = scripted_sandbox(delay_s=3600)
 
     async def go():
         started = asyncio.Event()
 
         async def consume():
-            async for event in run_agent(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, executor):
+            async for event in run_agent(scripted_engine(default_tokenizer, TWO_TOOL_TURNS), rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, sandbox.executor()):
                 if isinstance(event, ToolExecutionStarted):
                     started.set()
 
         task = asyncio.create_task(consume())
         await started.wait()
-        while not executor.calls:
+        while not sandbox.requests:
             await asyncio.sleep(0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -300,7 +286,7 @@ def test_cancelling_during_a_tool_call_cancels_the_sandbox_job(default_tokenizer
         await asyncio.sleep(0)
 
     asyncio.run(go())
-    assert executor.cancelled
+    assert sandbox.cancelled
 
 
 def test_a_trajectory_through_the_real_sandbox(default_tokenizer):
@@ -321,28 +307,28 @@ def test_a_trajectory_through_the_real_sandbox(default_tokenizer):
 
 def test_closing_between_parallel_calls_cancels_the_started_job(default_tokenizer):
     turns = ["Two at once.\n" + call("print(1)") + "\n" + call("print(2)")]
-    executor = ScriptedExecutor(block=True)
+    sandbox = scripted_sandbox(delay_s=3600)
 
     async def go():
         engine = scripted_engine(default_tokenizer, turns)
-        events = run_agent(engine, rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, executor, LoopConfig(max_parallel_calls=2))
+        events = run_agent(engine, rstar_template(default_tokenizer), QUESTION, TOOLS, SAMPLING, sandbox.executor(), LoopConfig(max_parallel_calls=2))
         async with contextlib.aclosing(events):
             async for event in events:
                 if isinstance(event, ToolExecutionStarted) and event.code == "print(2)":
-                    while not executor.calls:  # the first call's job is running in the sandbox
+                    while not sandbox.requests:  # the first call's job is running in the sandbox
                         await asyncio.sleep(0)
                     break
         await asyncio.sleep(0)
 
     asyncio.run(go())
-    assert [code for code, _, _ in executor.calls] == ["print(1)"]
-    assert executor.cancelled
+    assert sandbox.codes == ["print(1)"]
+    assert sandbox.cancelled
 
 
 def test_a_call_whose_name_is_not_a_string_is_answered_not_raised(default_tokenizer):
     turns = ['<tool_call>{"name": ["python"], "arguments": {}}</tool_call>', "Ok.</reason>"]
     config = LoopConfig(client_tools=frozenset({"get_weather"}))
-    trajectory = run(scripted_engine(default_tokenizer, turns), ScriptedExecutor(), rstar_template(default_tokenizer), config)
+    trajectory = run(scripted_engine(default_tokenizer, turns), scripted_sandbox().executor(), rstar_template(default_tokenizer), config)
     assert trajectory.tool_calls[0].response == "Error when executing tool: ['python']"
     assert trajectory.stop_reason == "stop"
 
@@ -352,7 +338,7 @@ def test_a_continued_final_message_runs_its_call_first_token_exactly(template, d
     answer = "There are 16.</reason>\n<answer>\\boxed{16}</answer>"
     engine = scripted_engine(default_tokenizer, [answer])
     messages = [*QUESTION, given]
-    trajectory = asyncio.run(run_trajectory(engine, template, messages, TOOLS, SAMPLING, ScriptedExecutor(OUTPUTS), continue_final_message=True))
+    trajectory = asyncio.run(run_trajectory(engine, template, messages, TOOLS, SAMPLING, scripted_sandbox(OUTPUTS).executor(), continue_final_message=True))
     assert [(c.turn, c.stdout) for c in trajectory.tool_calls] == [(-1, "16\n")]
     assert trajectory.stop_reason == "stop" and len(trajectory.turns) == 1
     conversation = [*messages, {"role": "tool", "content": trajectory.tool_calls[0].response}, {"role": "assistant", "content": template.generation_prefix + answer}]
@@ -369,7 +355,7 @@ def test_a_continued_partial_message_is_extended_and_its_call_parsed_whole(defau
     start = call("print(4 * 2 * 2)")[:30]
     engine = scripted_engine(default_tokenizer, [call("print(4 * 2 * 2)")[30:], "16."])
     messages = [*QUESTION, {"role": "assistant", "content": start}]
-    events = asyncio.run(_collect(run_agent(engine, template, messages, TOOLS, SAMPLING, ScriptedExecutor(OUTPUTS), continue_final_message=True)))
+    events = asyncio.run(_collect(run_agent(engine, template, messages, TOOLS, SAMPLING, scripted_sandbox(OUTPUTS).executor(), continue_final_message=True)))
     assert default_tokenizer.decode(engine.prompts[0]).endswith(start)
     trajectory = events[-1].trajectory
     assert [(c.turn, c.stdout) for c in trajectory.tool_calls] == [(0, "16\n")]
@@ -380,17 +366,17 @@ def test_a_continued_partial_message_is_extended_and_its_call_parsed_whole(defau
 
 def test_a_switched_off_builtin_is_answered_as_unknown(default_tokenizer):
     engine = scripted_engine(default_tokenizer, [call("print(1)"), "ok"])
-    executor = ScriptedExecutor()
+    sandbox = scripted_sandbox()
     config = LoopConfig(builtin_tools=frozenset({JUPYTER_TOOL}))
-    trajectory = run(engine, executor, rstar_template(default_tokenizer), config)
-    assert executor.calls == []
+    trajectory = run(engine, sandbox.executor(), rstar_template(default_tokenizer), config)
+    assert sandbox.requests == []
     assert trajectory.tool_calls[0].response == f"Error when executing tool: '{PYTHON_TOOL}'"
     assert trajectory.tool_calls[0].exec_status is None
 
 
 def test_without_any_tools_the_first_turn_is_the_answer(default_tokenizer):
     engine = scripted_engine(default_tokenizer, [call("print(1)")])
-    trajectory = run(engine, ScriptedExecutor(), rstar_template(default_tokenizer), LoopConfig(builtin_tools=frozenset()), tools=[])
+    trajectory = run(engine, scripted_sandbox().executor(), rstar_template(default_tokenizer), LoopConfig(builtin_tools=frozenset()), tools=[])
     assert trajectory.stop_reason == "stop" and trajectory.tool_calls == [] and len(engine.prompts) == 1
 
 

@@ -20,7 +20,6 @@ from rstar.evals.budget import Budget, longest_prompt, measure_with_server, meas
 from rstar.evals.cli import app as eval_app
 from rstar.evals.client import GenerationParams, HttpChatClient, InProcessChatClient, generate
 from rstar.evals.registry import Prompt
-from rstar.sandbox.schemas import RunResult
 from rstar.server.chat_template import RSTAR_TEMPLATE_PATH, choose_template
 from tests.scripted_sandbox import ScriptedSandbox
 from tests.unit.api_server import make_server  # noqa: F401 (fixture)
@@ -30,11 +29,6 @@ RSTAR_INSTRUCTION = "You must put your answer inside <answer> </answer> tags"
 CODE = "print(2+2)"
 TOOL_TURN = 'Let me compute.\n<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "' + CODE + '", "input": ""}}\n</tool_call>'
 FINAL_TURN = "The tool says 4, so the answer is 4.</reason>\n<answer>\\boxed{4}</answer>"
-
-
-class FourExecutor:
-    async def execute(self, tool, code, stdin, replay, protocol="improved"):
-        return RunResult(status="ok", exit_code=0, stdout="4\n", duration_s=0.01)
 
 
 def over_http(http) -> HttpChatClient:
@@ -62,7 +56,7 @@ def test_one_trajectory_grades_the_same_in_process_and_over_http(make_server, de
     _, http, served, _ = make_server(replies=[TOOL_TURN, FINAL_TURN], sandbox=ScriptedSandbox(outputs={CODE: "4\n"}), model_name=RSTAR_MODEL)
     remote = asyncio.run(generate(over_http(http), prompt, params(RSTAR_TEMPLATE)))
     engine = ScriptedEngine(default_tokenizer, [TOOL_TURN, FINAL_TURN], model_name=RSTAR_MODEL)
-    local = asyncio.run(generate(InProcessChatClient(engine, FourExecutor()), prompt, params(RSTAR_TEMPLATE)))
+    local = asyncio.run(generate(InProcessChatClient(engine, ScriptedSandbox(outputs={CODE: "4\n"}).executor()), prompt, params(RSTAR_TEMPLATE)))
 
     # the same model text: two turns, one code cell, on both paths (the shapes of the trajectories differ)
     assert served.prompts[0] == engine.prompts[0]
@@ -137,7 +131,7 @@ def test_native_never_carries_the_rstar_instruction_on_either_path(make_server, 
         _, http, served, _ = make_server(replies=["Sure."], model_name=RSTAR_MODEL)
         asyncio.run(generate(over_http(http), prompt, params(NATIVE_TEMPLATE, max_turns=1)))
         engine = ScriptedEngine(default_tokenizer, ["Sure."], model_name=RSTAR_MODEL)
-        asyncio.run(generate(InProcessChatClient(engine, FourExecutor()), prompt, params(NATIVE_TEMPLATE, max_turns=1)))
+        asyncio.run(generate(InProcessChatClient(engine, ScriptedSandbox(outputs={CODE: "4\n"}).executor()), prompt, params(NATIVE_TEMPLATE, max_turns=1)))
         sent = [default_tokenizer.decode(prompts[0]) for prompts in (served.prompts, engine.prompts)]
         assert sent[0] == sent[1], name
         # SmolLM2's own ChatML system prompt, no rStar instruction, no python tool, no opened <reason>
@@ -160,7 +154,7 @@ def test_native_on_a_model_whose_own_template_is_rstars_has_no_math_instruction(
     _, http, served, _ = make_server(replies=["Sure."], model_name=RSTAR_MODEL, tokenizer=own_rstar)
     asyncio.run(generate(over_http(http), prompt, params(NATIVE_TEMPLATE, max_turns=1)))
     engine = ScriptedEngine(own_rstar, ["Sure."], model_name=RSTAR_MODEL)
-    asyncio.run(generate(InProcessChatClient(engine, FourExecutor()), prompt, params(NATIVE_TEMPLATE, max_turns=1)))
+    asyncio.run(generate(InProcessChatClient(engine, ScriptedSandbox(outputs={CODE: "4\n"}).executor()), prompt, params(NATIVE_TEMPLATE, max_turns=1)))
     sent = [default_tokenizer.decode(prompts[0]) for prompts in (served.prompts, engine.prompts)]
     assert sent[0] == sent[1]
     assert RSTAR_INSTRUCTION not in sent[0] and "python_code_with_standard_io" not in sent[0]
@@ -216,18 +210,36 @@ def test_in_process_run_over_the_models_window_is_refused_with_nothing_stored(tm
     result = CliRunner().invoke(eval_app, ["run", "--suite", "aime24", "--limit", "1", "--data-dir", str(shared_data_dir()), "--database-url", url])
     assert result.exit_code == 2, result.output
     assert "of 8192 tokens: aime24 (max_tokens 30720 + longest prompt" in result.output and "pass --max-tokens" in result.output
+
     assert RunStore(open_database(url)).runs() == []
 
 
 # ---------------------------------------------------------------------------------------- truncation
 
 
+def test_cut_off_is_the_finish_reason_length_of_any_stop_reason():
+    from rstar.server.trajectory import Trajectory, cut_off, openai_finish_reason
+
+    # the loop's stop reasons, then finish reasons as a trajectory read back over HTTP holds them
+    table = {stop: (openai_finish_reason(stop), cut_off(stop)) for stop in ("stop", "length", "max_turns", "tool_calls", "abort", None, "content_filter")}
+    assert table == {
+        "stop": ("stop", False),
+        "length": ("length", True),
+        "max_turns": ("length", True),
+        "tool_calls": ("tool_calls", False),
+        "abort": ("abort", False),
+        None: ("abort", False),
+        "content_filter": ("abort", False),
+    }
+    over_http = Trajectory.from_chat_response({"choices": [{"message": {"content": "2+2 is"}, "finish_reason": "length"}]})
+    assert cut_off(over_http.stop_reason)
+
+
 def test_truncation_rate_is_in_the_summary_and_the_report():
     from rstar.evals.registry import Grade
     from rstar.evals.report import markdown
-    from rstar.evals.runner import plan, summarize, truncated
+    from rstar.evals.runner import plan, summarize
 
-    assert truncated({"stop_reason": "length"}) and truncated({"stop_reason": "max_turns"}) and not truncated({"stop_reason": "stop"})
     grades = [Grade(str(i), 0, 1.0, {"truncated": i < 1}) for i in range(4)]
     summary = summarize(get_benchmark("aime24"), grades, [], 4)
     assert summary["truncation_rate"] == 0.25

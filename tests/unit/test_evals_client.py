@@ -11,6 +11,7 @@ import httpx
 import pytest
 from evals_data import shared_data_dir
 from scripted_engine import ScriptedEngine
+from scripted_sandbox import ScriptedSandbox
 
 from rstar.evals import NATIVE_TEMPLATE, RSTAR_TEMPLATE, Prompt, get_benchmark
 from rstar.evals.client import (
@@ -22,9 +23,8 @@ from rstar.evals.client import (
     chat_completions_url,
     generate,
 )
-from rstar.sandbox.schemas import RunResult
+from rstar.server.schemas import CodeCell
 from rstar.server.trajectory import Trajectory
-from rstar.ui.render import record_cell
 
 RSTAR = GenerationParams(model="m", template=RSTAR_TEMPLATE, temperature=0.6, top_p=0.95, max_tokens=256, max_turns=5, seed=7)
 NATIVE = GenerationParams(model="m", template=NATIVE_TEMPLATE, temperature=0.0, top_p=1.0, max_tokens=256, max_turns=3)
@@ -106,15 +106,10 @@ def test_a_prompt_over_the_context_window_is_a_scored_empty_answer_not_a_failure
     assert sample.response == "" and sample.errors == ["context_length_exceeded"]
 
 
-class ScriptedExecutor:
-    async def execute(self, tool, code, stdin, replay, protocol="improved"):
-        return RunResult(status="ok", exit_code=0, stdout="4\n", duration_s=0.01)
-
-
 def test_in_process_rstar_answer_runs_the_tool_loop(default_tokenizer):
     tool_turn = 'Let me compute.\n<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(2+2)", "input": ""}}\n</tool_call>'
     engine = ScriptedEngine(default_tokenizer, [tool_turn, "It is 4.</reason>\n<answer>\\boxed{4}</answer>"])
-    client = InProcessChatClient(engine, ScriptedExecutor())
+    client = InProcessChatClient(engine, ScriptedSandbox(outputs={"print(2+2)": "4\n"}).executor())
     completion = asyncio.run(client.complete([{"role": "user", "content": "2+2?"}], None, RSTAR))
     assert completion.content.endswith("<answer>\\boxed{4}</answer>")
     assert (completion.turns, completion.code_calls, completion.tool_calls) == (2, 1, [])
@@ -130,7 +125,7 @@ def test_in_process_rstar_answer_runs_the_tool_loop(default_tokenizer):
 def test_in_process_client_tools_come_back_as_calls(default_tokenizer):
     reply = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
     engine = ScriptedEngine(default_tokenizer, [reply])
-    completion = asyncio.run(InProcessChatClient(engine, ScriptedExecutor()).complete([{"role": "user", "content": "weather?"}], WEATHER, NATIVE))
+    completion = asyncio.run(InProcessChatClient(engine, ScriptedSandbox(outputs={"print(2+2)": "4\n"}).executor()).complete([{"role": "user", "content": "weather?"}], WEATHER, NATIVE))
     # every call of the turn, not only the first (BFCL's parallel categories need all of them)
     assert completion.tool_calls == [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]
     assert completion.content == "Checking."
@@ -141,7 +136,7 @@ def test_in_process_client_tools_come_back_as_calls(default_tokenizer):
 
 def test_in_process_client_can_drive_an_engine_on_another_loop(default_tokenizer, loop_thread):
     engine = ScriptedEngine(default_tokenizer, ["plain answer"])
-    client = InProcessChatClient(engine, ScriptedExecutor(), loop=loop_thread.loop)
+    client = InProcessChatClient(engine, ScriptedSandbox(outputs={"print(2+2)": "4\n"}).executor(), loop=loop_thread.loop)
     assert asyncio.run(client.complete([{"role": "user", "content": "hi"}], None, NATIVE)).content == "plain answer"
 
 
@@ -218,14 +213,10 @@ def test_a_turn_that_never_stops_calling_ends_the_entry(multi_turn_docs):
 def test_in_process_tool_timeout_reaches_the_sandbox(default_tokenizer, tool_timeout):
     from dataclasses import replace
 
-    from scripted_sandbox import ScriptedSandbox
-
-    from rstar.server.builtin_tools import SandboxExecutor
-
     tool_turn = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(2+2)", "input": ""}}\n</tool_call>'
     engine = ScriptedEngine(default_tokenizer, [tool_turn, "It is 4.</reason>\n<answer>\\boxed{4}</answer>"])
     sandbox = ScriptedSandbox(outputs={"print(2+2)": "4\n"})
-    client = InProcessChatClient(engine, SandboxExecutor(sandbox))
+    client = InProcessChatClient(engine, sandbox.executor())
     completion = asyncio.run(client.complete([{"role": "user", "content": "2+2?"}], None, replace(RSTAR, tool_timeout=tool_timeout)))
     assert completion.code_calls == 1 and [request.timeout_s for request in sandbox.requests] == [tool_timeout]
 
@@ -239,7 +230,8 @@ def test_a_chat_response_reads_back_as_the_records_its_cells_were_rendered_from(
     response = answer({"content": "", "reasoning_content": "r", "code_cells": cells, "tool_calls": calls}, finish="tool_calls")
     trajectory = Trajectory.from_chat_response({**response, "tool_protocol": "improved"})
     client_call = trajectory.tool_calls[2]
-    # stored, the records show in the UI's drill-down as the very cells the server sent
-    assert [record_cell(record) for record in trajectory.to_dict()["tool_calls"][:2]] == cells
+    # stored, the records draw as the very cells the server sent (the UI's drill-down shows those)
+    assert [CodeCell.of_record(record).model_dump() for record in trajectory.tool_calls[:2]] == cells
+    assert CodeCell.of_record(trajectory.tool_calls[2]) is None
     assert (client_call.index, client_call.name, client_call.arguments, client_call.response) == (2, "get_weather", '{"city": "Oslo"}', None)
     assert (trajectory.turns[0].text, trajectory.stop_reason, trajectory.tool_protocol) == ("<reason>r</reason>", "tool_calls", "improved")

@@ -17,12 +17,12 @@ from rstar.server.chat_template import rstar_template
 from rstar.server.engine import SamplingOptions
 from rstar.server.tool_results import render_exec_result
 from tests.unit.golden_files import check_json
-from tests.unit.test_agent_loop import scripted_engine, ScriptedExecutor, call
+from tests.unit.test_agent_loop import call, scripted_engine, scripted_sandbox
 
 TOOLS = builtin_tool_schemas([PYTHON_TOOL])
 PROBLEM = "What is 59154 times 42196?"
 CODE = "print(59154 * 42196)"
-RESULT = RunResult(status="ok", exit_code=0, stdout="2496062184\n", duration_s=0.25)  # what ScriptedExecutor reports
+RESULT = RunResult(status="ok", exit_code=0, stdout="2496062184\n", duration_s=0.25)  # what the scripted sandbox reports
 TURNS = [
     "I will compute the product with Python.\n" + call(CODE),
     "The program printed 2496062184.</reason>\n<answer>\nThe product is \\boxed{2496062184}.\n</answer>",
@@ -46,7 +46,7 @@ def template(default_tokenizer):
 
 def test_encoding_equals_what_the_agent_loop_serves(template, default_tokenizer):
     encoded = encode_conversation(template, conversation(), TOOLS)
-    engine, executor = scripted_engine(default_tokenizer, TURNS), ScriptedExecutor({CODE: RESULT.stdout})
+    engine, executor = scripted_engine(default_tokenizer, TURNS), scripted_sandbox({CODE: RESULT.stdout}).executor()
     trajectory = asyncio.run(run_trajectory(engine, template, conversation()[:1], TOOLS, SamplingOptions(max_tokens=1), executor, LoopConfig(max_turns=3)))
     assert trajectory.prompt_ids == encoded.prompt_ids
     assert trajectory.response_ids == encoded.response_ids

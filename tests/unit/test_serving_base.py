@@ -15,6 +15,7 @@ from rstar.server.errors import APIError
 from rstar.server.limits import RequestTimeout, with_deadline
 from rstar.server.serving_base import SSE_DONE, decode_logprobs, per_choice, refusals_as_client_errors, sse
 from tests.scripted_engine import ScriptedEngine
+from tests.scripted_sandbox import ScriptedSandbox
 from tests.unit.api_server import make_server  # noqa: F401 (fixture)
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
@@ -124,12 +125,9 @@ def test_the_loop_starts_from_prompt_ids_it_is_given(default_tokenizer):
     engine = ScriptedEngine(default_tokenizer, ["4"])
     given = template.encode(QUESTION, []) + [template.encode_text("\n")[0]]  # differs from what it would encode
 
-    class NoCode:
-        async def execute(self, *args, **kwargs):
-            raise AssertionError("no tool call expected")
-
-    trajectory = asyncio.run(run_trajectory(engine, template, QUESTION, [], SamplingOptions(max_tokens=4), NoCode(), prompt_ids=given))
-    assert engine.prompts == [given] and trajectory.prompt_ids == given
+    sandbox = ScriptedSandbox()
+    trajectory = asyncio.run(run_trajectory(engine, template, QUESTION, [], SamplingOptions(max_tokens=4), sandbox.executor(), prompt_ids=given))
+    assert engine.prompts == [given] and trajectory.prompt_ids == given and sandbox.requests == []
 
 
 def test_the_api_encodes_the_prompt_once_and_the_loop_uses_it(make_server, monkeypatch):

@@ -23,6 +23,9 @@ from rstar.server.tool_calls import (
     parse_tool_calls,
 )
 from rstar.server.tool_results import render_exec_result, truncate_response
+from rstar.server.schemas import CodeCell
+from rstar.server.trajectory import ToolCallRecord
+from tests.scripted_sandbox import ScriptedSandbox
 
 CALL = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(2024 % 7)", "input": ""}}\n</tool_call>'
 
@@ -172,21 +175,10 @@ def test_truncation_golden():
     assert truncate_response(text, 40) == text
 
 
-class RecordingExecutor:
-    def __init__(self, result=RunResult(status="ok", exit_code=0, stdout="ok", duration_s=0.01), error=None):
-        self.result, self.error, self.calls = result, error, []
-
-    async def execute(self, tool, code, stdin, replay, protocol="improved"):
-        self.calls.append((tool, code, stdin, list(replay)))
-        if self.error:
-            raise self.error
-        return self.result
-
-
-def dispatch(text: str, executor=None, cells=(), **kwargs):
-    executor = executor or RecordingExecutor()
-    run = asyncio.run(run_builtin_call(0, parse_tool_calls(text)[0], executor, list(cells), **kwargs))
-    return run, executor
+def dispatch(text: str, sandbox: ScriptedSandbox | None = None, cells=(), **kwargs):
+    sandbox = sandbox or ScriptedSandbox(stdout="ok")
+    run = asyncio.run(run_builtin_call(0, parse_tool_calls(text)[0], sandbox.executor(), list(cells), **kwargs))
+    return run, sandbox
 
 
 def test_dispatch_golden():
@@ -196,7 +188,7 @@ def test_dispatch_golden():
         responses[name] = run.response
     responses["not_json_string_arguments"] = dispatch('<tool_call>{"name": "jupyter_code", "arguments": "print(1)"}</tool_call>')[0].response
     responses["non_string_code"] = dispatch('<tool_call>{"name": "jupyter_code", "arguments": {"code": 12}}</tool_call>')[0].response
-    responses["sandbox_unreachable"] = dispatch(TURNS["one_call"], RecordingExecutor(error=ConnectionError("pool is down")))[0].response
+    responses["sandbox_unreachable"] = dispatch(TURNS["one_call"], ScriptedSandbox(error=ConnectionError("pool is down")))[0].response
     check_json("tool_results/dispatch.json", responses)
     assert responses["unknown_tool"] == "Error when executing tool: 'WolframAlpha'"
     assert responses["malformed_json"].startswith("Failed to decode tool call: Expecting")
@@ -205,24 +197,42 @@ def test_dispatch_golden():
 def test_both_names_of_the_python_tool_run_with_stdin():
     for name in (PYTHON_TOOL, PYTHON_TOOL_PAPER_NAME):
         text = f'<tool_call>{{"name": "{name}", "arguments": {{"code": "print(input())", "input": "7"}}}}</tool_call>'
-        run, executor = dispatch(text, cells=["x = 1"])
-        assert executor.calls == [(name, "print(input())", "7", [])]  # stateless: no replay
+        run, sandbox = dispatch(text, cells=["x = 1"])
+        assert [(r.tool, r.code, r.input, r.history) for r in sandbox.requests] == [(name, "print(input())", "7", [])]  # stateless: no replay
         assert run.response == "Tool call success\nstdout: ok\nexecution time: 0.01s"
 
 
 def test_jupyter_replays_earlier_cells_and_ignores_stdin():
     text = '<tool_call>{"name": "jupyter_code", "arguments": {"code": "x ** 2", "input": "ignored"}}</tool_call>'
-    _, executor = dispatch(text, cells=["x = 3"])
-    assert executor.calls == [(JUPYTER_TOOL, "x ** 2", "", ["x = 3"])]
+    _, sandbox = dispatch(text, cells=["x = 3"])
+    assert [(r.tool, r.code, r.input, r.history) for r in sandbox.requests] == [(JUPYTER_TOOL, "x ** 2", None, ["x = 3"])]
 
 
 def test_only_execution_text_is_truncated():
-    long = RecordingExecutor(RunResult(status="ok", exit_code=0, stdout="9" * 500, duration_s=0.1))
+    long = ScriptedSandbox(stdout="9" * 500, duration_s=0.1)
     run, _ = dispatch(TURNS["one_call"], long, max_response_chars=64, truncate_side="middle")
     assert run.response.startswith("Tool call success\nstdout: 9") and "...(truncated)..." in run.response
     assert run.response.endswith("execution time: 0.10s")
     error, _ = dispatch(TURNS["unknown_tool"], max_response_chars=5)
     assert error.response == "Error when executing tool: 'WolframAlpha'"
+
+
+def test_a_code_cell_is_drawn_from_the_call_record():
+    ran, _ = dispatch(TURNS["one_call"])
+    timed_out, _ = dispatch(TURNS["one_call"], ScriptedSandbox(status="timeout", duration_s=4.0))
+    undecodable, _ = dispatch(TURNS["malformed_json"])
+    unknown, _ = dispatch(TURNS["unknown_tool"])
+    cells = [CodeCell.of_record(record).model_dump() for record in (ran, timed_out, undecodable, unknown)]
+    code = ran.arguments["code"]
+    assert cells == [
+        {"index": 0, "name": PYTHON_TOOL, "code": code, "status": "ok", "stdout": "ok", "stderr": "", "duration_s": 0.01},
+        {"index": 0, "name": PYTHON_TOOL, "code": code, "status": "timeout", "stdout": "", "stderr": "scripted timeout", "duration_s": 4.0},
+        {"index": 0, "name": "", "code": undecodable.raw, "status": "invalid_input", "stdout": "", "stderr": undecodable.response, "duration_s": None},
+        {"index": 0, "name": "WolframAlpha", "code": unknown.raw, "status": "invalid_input", "stdout": "", "stderr": "Error when executing tool: 'WolframAlpha'", "duration_s": None},
+    ]
+    assert undecodable.response.startswith("Failed to decode tool call")
+    client_call = ToolCallRecord.of_call(0, parse_tool_calls(TURNS["unknown_tool"])[0])  # unanswered: the client runs it
+    assert CodeCell.of_record(client_call) is None
 
 
 def test_sandbox_results_render_as_released():

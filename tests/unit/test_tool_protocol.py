@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_agent_loop import QUESTION, SAMPLING, scripted_engine, ScriptedExecutor, call
+from test_agent_loop import QUESTION, SAMPLING, call, scripted_engine, scripted_sandbox
 
 from rstar.config import load_settings
 from rstar.server.agent_loop import LoopConfig, run_trajectory
@@ -19,6 +19,7 @@ from rstar.server.chat_template import rstar_template
 from rstar.server.model_store import default_tool_protocol
 from rstar.server.tool_results import protocol_max_tool_response_chars, tool_turn_ids, tool_turn_text
 from rstar.server.trajectory import Trajectory
+from tests.scripted_sandbox import ScriptedSandbox
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "rstar_template_renders.json"
 INSTRUCTION = (
@@ -72,12 +73,12 @@ def test_bridge_released_is_the_released_loop_suffix_and_improved_adds_one_newli
     assert tool_turn_ids(template, responses, "<|im_end|>", "improved")[1:] == released_ids
 
 
-def run(tokenizer, turns, protocol, executor=None, **config) -> tuple[Trajectory, ScriptedExecutor]:
-    executor = executor or ScriptedExecutor({"print(2 + 3)": "5\n"})
+def run(tokenizer, turns, protocol, sandbox=None, **config) -> tuple[Trajectory, ScriptedSandbox]:
+    sandbox = sandbox or scripted_sandbox({"print(2 + 3)": "5\n"})
     loop = LoopConfig(tool_protocol=protocol, **config)
     tools = builtin_tool_schemas([PYTHON_TOOL])
-    trajectory = asyncio.run(run_trajectory(scripted_engine(tokenizer, turns), rstar_template(tokenizer), QUESTION, tools, SAMPLING, executor, loop))
-    return trajectory, executor
+    trajectory = asyncio.run(run_trajectory(scripted_engine(tokenizer, turns), rstar_template(tokenizer), QUESTION, tools, SAMPLING, sandbox.executor(), loop))
+    return trajectory, sandbox
 
 
 ONE_CALL = ["Add them.\n" + call("print(2 + 3)"), "Five.</reason>\n<answer>\\boxed{5}</answer>"]
@@ -88,7 +89,7 @@ def test_token_stream_per_protocol_matches_the_released_loop_where_it_should(def
     """The prompt is the released template's render; after the model's <|im_end|> the released stream goes
     straight to <|im_start|>user (the reference suffix), the improved one has the template's newline."""
     cases = reference_cases()
-    trajectory, executor = run(default_tokenizer, ONE_CALL, protocol)
+    trajectory, sandbox = run(default_tokenizer, ONE_CALL, protocol)
     released_prompt = cases["user_with_tools_generation"]["rendered"].replace("What is 1+2+...+100?", QUESTION[0]["content"])
     assert default_tokenizer.decode(trajectory.prompt_ids) == released_prompt
     first = trajectory.turns[0]
@@ -98,41 +99,40 @@ def test_token_stream_per_protocol_matches_the_released_loop_where_it_should(def
     assert default_tokenizer.decode(tool_span) == ("" if protocol == "released" else "\n") + expected
     assert trajectory.response_ids[first.end - 1] == default_tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert trajectory.tool_protocol == protocol and Trajectory.from_dict(trajectory.to_dict()).tool_protocol == protocol
-    assert executor.protocols == [protocol]
+    assert [request.protocol for request in sandbox.requests] == [protocol]
 
 
 def test_arguments_as_a_json_string_are_answered_as_released(default_tokenizer):
     as_string = 'Add them.\n<tool_call>\n{"name": "python_code_with_standard_io", "arguments": "{\\"code\\": \\"print(2 + 3)\\"}"}\n</tool_call>'
-    released, executor = run(default_tokenizer, [as_string, "Done."], "released")
+    released, sandbox = run(default_tokenizer, [as_string, "Done."], "released")
     assert released.tool_calls[0].response == "Error when executing tool: 'str' object has no attribute 'get'"
-    assert executor.calls == []
-    improved, executor = run(default_tokenizer, [as_string, "Done."], "improved")
+    assert sandbox.requests == []
+    improved, sandbox = run(default_tokenizer, [as_string, "Done."], "improved")
     assert improved.tool_calls[0].response.startswith("Tool call success\nstdout: 5")
-    assert [code for code, _, _ in executor.calls] == ["print(2 + 3)"]
+    assert sandbox.codes == ["print(2 + 3)"]
 
 
 @pytest.mark.parametrize("protocol", ["released", "improved"])
 def test_a_tool_never_registered_gets_the_released_key_error_text(default_tokenizer, protocol):
-    trajectory, executor = run(default_tokenizer, ["Ask.\n" + call("2+2", name="WolframAlpha"), "Done."], protocol)
-    assert trajectory.tool_calls[0].response == "Error when executing tool: 'WolframAlpha'" and executor.calls == []
+    trajectory, sandbox = run(default_tokenizer, ["Ask.\n" + call("2+2", name="WolframAlpha"), "Done."], protocol)
+    assert trajectory.tool_calls[0].response == "Error when executing tool: 'WolframAlpha'" and sandbox.requests == []
 
 
 @pytest.mark.parametrize("protocol", ["released", "improved"])
 def test_only_the_first_call_of_a_turn_runs(default_tokenizer, protocol):
     two = "Two at once.\n" + call("print(2 + 3)") + "\n" + call("print(7)")
-    trajectory, executor = run(default_tokenizer, [two, "Done."], protocol)
-    assert [code for code, _, _ in executor.calls] == ["print(2 + 3)"] and len(trajectory.tool_calls) == 1
+    trajectory, sandbox = run(default_tokenizer, [two, "Done."], protocol)
+    assert sandbox.codes == ["print(2 + 3)"] and len(trajectory.tool_calls) == 1
 
 
 def test_second_cut_is_256_middle_under_released_and_none_under_improved(default_tokenizer):
     assert (protocol_max_tool_response_chars("released"), protocol_max_tool_response_chars("improved")) == (256, None)
     long = "".join(f"{i:04d}\n" for i in range(200))
-    executor = ScriptedExecutor({"print(2 + 3)": long})
-    trajectory, _ = run(default_tokenizer, ONE_CALL, "released", executor, max_tool_response_chars=protocol_max_tool_response_chars("released"))
+    trajectory, _ = run(default_tokenizer, ONE_CALL, "released", scripted_sandbox({"print(2 + 3)": long}), max_tool_response_chars=protocol_max_tool_response_chars("released"))
     response = trajectory.tool_calls[0].response
     whole = f"Tool call success\nstdout: {long}\nexecution time: 0.25s"
     assert response == whole[:128] + "...(truncated)..." + whole[-128:]
-    trajectory, _ = run(default_tokenizer, ONE_CALL, "improved", ScriptedExecutor({"print(2 + 3)": long}))
+    trajectory, _ = run(default_tokenizer, ONE_CALL, "improved", scripted_sandbox({"print(2 + 3)": long}))
     assert trajectory.tool_calls[0].response == whole
 
 

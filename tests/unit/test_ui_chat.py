@@ -1,8 +1,55 @@
-"""The Chat tab's request building and conversation listing (the Gradio wiring is covered by tests/e2e)."""
+"""The Chat tab's request building, conversation listing and how Stop ends a stream (the Gradio wiring is
+covered by tests/e2e)."""
 
 from __future__ import annotations
 
-from rstar.ui.chat import conversation_choices, new_state, request_payload
+import asyncio
+
+from rstar.ui.chat import conversation_choices, new_state, request_payload, until_set
+
+
+class Stream:
+    """A server stream: `ready` items, then nothing more until closed (a quiet stream, as during a tool call)."""
+
+    def __init__(self, ready: list[str], then_quiet: bool):
+        self.ready, self.then_quiet, self.closed = ready, then_quiet, False
+
+    async def events(self):
+        try:
+            for item in self.ready:
+                yield item
+            if self.then_quiet:
+                await asyncio.Event().wait()
+        finally:
+            self.closed = True
+
+
+def test_stop_ends_a_quiet_stream_and_closes_it():
+    async def go():
+        stream, stop = Stream(["a", "b"], then_quiet=True), asyncio.Event()
+        seen = []
+
+        async def consume():
+            async for item in until_set(stop, stream.events()):
+                seen.append(item)
+
+        consumer = asyncio.create_task(consume())
+        while len(seen) < 2:
+            await asyncio.sleep(0)
+        assert not consumer.done()  # waiting on the quiet stream
+        stop.set()
+        await asyncio.wait_for(consumer, 1)
+        return seen, stream.closed
+
+    assert asyncio.run(go()) == (["a", "b"], True)
+
+
+def test_without_a_stop_every_item_comes_and_the_stream_is_closed():
+    async def go():
+        stream = Stream(["a", "b", "c"], then_quiet=False)
+        return [item async for item in until_set(asyncio.Event(), stream.events())], stream.closed
+
+    assert asyncio.run(go()) == (["a", "b", "c"], True)
 
 
 def test_payload_carries_history_settings_and_the_stored_conversation():

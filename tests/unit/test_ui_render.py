@@ -43,10 +43,10 @@ def written(tmp_path_factory, default_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def trajectory(written):
-    """The right answer's trajectory: a turn that calls the python tool, then a turn that answers."""
+def right(written):
+    """The right answer's sample: a turn that calls the python tool, then a turn that answers."""
     run, samples = written
-    return samples[str(run.right_doc["id"])]["trajectory"]
+    return samples[str(run.right_doc["id"])]
 
 RUNNING = {"index": 0, "name": "python_code_with_standard_io", "code": "print(6*7)", "status": "running", "stdout": "", "stderr": "", "duration_s": None}
 DONE = {**RUNNING, "status": "ok", "stdout": "42\n", "duration_s": 0.031}
@@ -126,10 +126,10 @@ def test_a_stored_conversation_renders_reasoning_cells_then_the_answer():
     assert shown[0] == {"role": "user", "content": "6*7?"} and "print(6*7)" in shown[2]["content"] and shown[3]["content"] == "42"
 
 
-def test_a_trajectory_becomes_reasoning_cell_reasoning_answer(written, trajectory):
+def test_a_trajectory_becomes_reasoning_cell_reasoning_answer(written, right):
     run, _ = written
     answer = run.right_doc["answer"]
-    turn = trajectory_turn(trajectory)
+    turn = trajectory_turn(right["trajectory"], right["code_cells"])
     kinds = [kind for kind, _ in turn.segments]
     assert kinds == ["reasoning", "cell", "reasoning", "answer"]
     assert turn.segments[0][1].startswith("I will check the value") and "<reason>" not in turn.reasoning
@@ -138,18 +138,17 @@ def test_a_trajectory_becomes_reasoning_cell_reasoning_answer(written, trajector
     assert turn.content.strip() == f"<answer>\\boxed{{{answer}}}</answer>"
 
 
-def test_failed_and_undecodable_calls_get_their_status(trajectory):
-    failed = {**trajectory["tool_calls"][0], "success": False, "exec_status": "timeout", "stdout": ""}
-    undecodable = {**trajectory["tool_calls"][0], "success": None, "exec_status": None, "arguments": None, "raw": "{oops", "response": "Tool call failure: bad JSON"}
-    turn = trajectory_turn({**trajectory, "tool_calls": [failed]})
-    assert turn.segments[1][1]["status"] == "timeout"
-    cell = trajectory_turn({**trajectory, "tool_calls": [undecodable]}).segments[1][1]
-    assert (cell["status"], cell["code"], cell["stderr"]) == ("invalid_input", "{oops", "Tool call failure: bad JSON")
+def test_a_call_shows_the_cell_the_server_drew_and_none_without_one(right):
+    timed_out = {**right["code_cells"][0], "status": "timeout", "stdout": ""}
+    turn = trajectory_turn(right["trajectory"], [timed_out])
+    assert turn.segments[1][1] == timed_out
+    assert [kind for kind, _ in trajectory_turn(right["trajectory"], []).segments] == ["reasoning", "answer"]  # the two turns run together
 
 
-def test_a_forced_call_from_the_prompt_comes_before_the_first_turn(trajectory):
+def test_a_forced_call_from_the_prompt_comes_before_the_first_turn(right):
+    trajectory = right["trajectory"]
     forced = {**trajectory["tool_calls"][0], "turn": -1}
-    turn = trajectory_turn({**trajectory, "tool_calls": [forced]})
+    turn = trajectory_turn({**trajectory, "tool_calls": [forced]}, right["code_cells"])
     assert [kind for kind, _ in turn.segments] == ["cell", "reasoning", "answer"]
 
 

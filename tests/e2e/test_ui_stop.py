@@ -1,0 +1,87 @@
+"""Stop, pressed at varied moments of an endless answer from a stand-in API (no engine): every answer ends as
+stopped with its partial text shown, its HTTP stream is closed, and Gradio shows no "Error" over the chat."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from tests.e2e.chat_page import answer_signal, error_shown, wait_for_answer
+from tests.e2e.conftest import serve_in_thread
+
+STOPS = 10
+
+
+@pytest.fixture(scope="module")
+def endless_api():
+    """An API whose chat answers stream reasoning words forever; `open` counts the streams still open."""
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    app, streams = FastAPI(), {"open": 0}
+
+    @app.get("/health")
+    def health():
+        return {"model": "endless"}
+
+    @app.get("/v1/models")
+    def models():
+        return {"data": [{"id": "endless"}]}
+
+    @app.get("/v1/conversations")
+    def conversations(limit: int = 50, offset: int = 0):
+        return {"data": []}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: dict):
+        async def words():
+            streams["open"] += 1
+            try:
+                for number in range(1, 1_000_000):
+                    yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"reasoning_content": f"word{number} "}}]}) + "\n\n"
+                    await asyncio.sleep(0.01)
+            finally:
+                streams["open"] -= 1
+
+        return StreamingResponse(words(), media_type="text/event-stream")
+
+    base_url, stop = serve_in_thread(app)
+    yield base_url, streams
+    stop()
+
+
+@pytest.fixture(scope="module")
+def ui_on_endless_api(endless_api):
+    from fastapi import FastAPI
+
+    from rstar.ui.app import UI_PATH, mount_ui
+
+    base_url, stop = serve_in_thread(mount_ui(FastAPI(), endless_api[0]))
+    yield f"{base_url}{UI_PATH}/"
+    stop()
+
+
+def test_stop_at_any_moment_ends_the_answer_cleanly(new_page, ui_on_endless_api, endless_api):
+    _, streams = endless_api
+    page = new_page(ui_on_endless_api)
+    for number in range(STOPS):
+        page.click("#new-chat")
+        before = answer_signal(page)
+        page.fill("#chat-input textarea", f"Count, please ({number}).")
+        page.click("#send")
+        page.wait_for_function("document.querySelector('#chatbot').innerText.includes('word3')", timeout=30_000)
+        time.sleep(number * 0.05)  # 0 to 0.45 s into the stream
+        page.click("#stop")
+        assert wait_for_answer(page, before, timeout_s=30) == "stopped"
+        deadline = time.time() + 10
+        while streams["open"]:
+            assert time.time() < deadline, "the answer's HTTP stream is still open 10 s after Stop"
+            time.sleep(0.05)
+        time.sleep(0.5)  # Gradio's "Error" label came up to a few hundred ms after a cancelled event
+        assert not error_shown(page), number
+        # The partial answer stays: its reasoning block, folded once the answer ended, opens on the words.
+        page.locator("#chatbot").get_by_text("Reasoning").first.click()
+        page.wait_for_function("document.querySelector('#chatbot').innerText.includes('word3')", timeout=10_000)
