@@ -40,13 +40,13 @@ class ChildSetup:
 
     cfg: dict
     landlock_abi: int
-    seccomp: bytes | None
+    seccomp: harden.SeccompProgram | None
     released_headroom: int | None = None
 
     @classmethod
     def from_config(cls, cfg: dict) -> "ChildSetup":
         return cls(cfg=cfg, landlock_abi=harden.landlock_abi() if cfg.get("landlock") else 0,
-                   seccomp=bytes.fromhex(cfg["seccomp_bpf"]) if cfg.get("seccomp_bpf") else None)
+                   seccomp=harden.SeccompProgram(bytes.fromhex(cfg["seccomp_bpf"])) if cfg.get("seccomp_bpf") else None)
 
 
 class Child:
