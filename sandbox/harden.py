@@ -1,9 +1,9 @@
 """Per-child hardening: rlimits, uid drop, no_new_privs, Landlock and seccomp.
 
 Everything here runs in a freshly forked child of the zygote, *before* any untrusted code, in this order:
-rlimits -> open Landlock rules (paths resolved while still privileged) -> drop to the slot uid ->
-no_new_privs -> Landlock restrict_self -> seccomp. seccomp comes last because it denies calls the earlier
-steps need (setsid was done by the caller already).
+rlimits -> drop to the slot uid -> no_new_privs -> Landlock restrict_self -> seccomp. seccomp comes last
+because it denies calls the earlier steps need (setsid was done by the caller already). The Landlock
+ruleset itself is built by the zygote, once per scratch dir, while privileged (`landlock_prepare`).
 
 The seccomp program is compiled once on the host side (`compile_seccomp`, with libseccomp through
 pyseccomp, which knows every architecture's syscall numbers) and shipped to the zygote as raw BPF bytes; the
