@@ -10,7 +10,6 @@ the body is not JSON at all); nothing a client sends can take the service down.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import uuid
@@ -20,6 +19,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from rstar.asgi import ClientDisconnected, cancel_on_disconnect
 
 from .pool import SandboxPool
 from .schemas import (BatchResult, CodeJudgeBatch, CodeJudgeBatchResult, CodeJudgeSubmission, RunResult,
@@ -48,30 +49,13 @@ def _invalid(message: str, status_code: int = 400) -> JSONResponse:
     return JSONResponse(error_result("invalid_input", message).model_dump(), status_code=status_code)
 
 
-async def _client_gone(request: Request) -> None:
-    """Returns when the client disconnects. Call it after the body is read: from then on the server's next
-    message on this request is the disconnect (uvicorn also sends it once the response is complete)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _unless_client_leaves(request: Request, work: Awaitable[Any]) -> Any:
-    """Await `work`, cancelling it if the client disconnects first. uvicorn does not cancel a handler whose
-    client left; cancelling the pool's call is what has the zygote kill the cell instead of letting it run
-    to its deadline on a worker nobody waits for."""
-    job = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_client_gone(request))
+    """Cancelling the pool's call when the client leaves is what has the zygote kill the cell, instead of
+    letting it run to its deadline on a worker nobody waits for."""
     try:
-        await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not job.done():
-            job.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await job
-    if job.cancelled():
+        return await cancel_on_disconnect(request.receive, work)
+    except ClientDisconnected:
         return Response(status_code=499)  # nobody reads it: the client is gone
-    return job.result()
 
 
 def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None = None) -> FastAPI:
