@@ -7,8 +7,8 @@ Per worker slot it keeps one *spare*: a child forked ahead of time that has alre
 set its rlimits, dropped to the slot's uid and loaded Landlock and seccomp, and now blocks reading its job
 pipe. A call therefore costs one pipe write plus the cell itself. The zygote reads the child's stdout and
 stderr as they come (a byte cap stops a flood), enforces the wall deadline, and answers as soon as the child
-reports done; killing the process group, sweeping the uid, wiping the scratch dir and forking the next
-spare happen after the answer is sent.
+reports done; killing the process group, sweeping the uid and wiping the scratch dir happen after the
+answer is sent, and the used slot's next spare is forked while another cell runs or the loop is idle.
 
 This module owns the start-up (preload, probe, the ready report) and the event loop: control frames, which
 slot serves a call, when spares are replaced, deadlines, reaping and sending answers. The pieces it drives:
