@@ -208,8 +208,10 @@ def test_a_client_that_goes_away_cancels_its_cell(tmp_path):
                 with pytest.raises(asyncio.CancelledError):
                     await call
 
-        before = _live_cells()  # the pre-forked spares, one of which takes the call
-        assert before
+        deadline = time.monotonic() + 10
+        while len(before := _live_cells()) < 4:  # the pre-forked spares (2 workers + 2), one of which takes the call
+            assert time.monotonic() < deadline, f"spares never all started: {before}"
+            time.sleep(0.05)
         asyncio.run(start_then_leave())
         deadline = time.monotonic() + 5
         while (running(), len(before - _live_cells())) != (0, 1):
