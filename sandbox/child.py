@@ -20,14 +20,15 @@ import shutil
 import signal
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import cell, harden, protocol
 
 PR_GET_NO_NEW_PRIVS = 39
 PR_GET_SECCOMP = 21
-# Fixed fd layout inside every child.
+# Fixed fd layout inside every child. The Landlock ruleset sits above it only until the child applies it.
 CHILD_STDIN, CHILD_STDOUT, CHILD_STDERR, CHILD_JOB, CHILD_STATUS = 0, 1, 2, 3, 4
+CHILD_RULESET = 5
 
 
 @dataclass
@@ -36,17 +37,30 @@ class ChildSetup:
 
     `released_headroom` is the room code-judge gave a program's own allocations (see
     `_enter_released_semantics`); None when a fresh interpreter could not be measured, reported at /health.
+    `rulesets` holds the zygote's Landlock ruleset fd for each scratch dir (see `landlock_ruleset`).
     """
 
     cfg: dict
     landlock_abi: int
-    seccomp: bytes | None
+    seccomp: harden.SeccompProgram | None
     released_headroom: int | None = None
+    rulesets: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, cfg: dict) -> "ChildSetup":
         return cls(cfg=cfg, landlock_abi=harden.landlock_abi() if cfg.get("landlock") else 0,
-                   seccomp=bytes.fromhex(cfg["seccomp_bpf"]) if cfg.get("seccomp_bpf") else None)
+                   seccomp=harden.SeccompProgram(bytes.fromhex(cfg["seccomp_bpf"])) if cfg.get("seccomp_bpf") else None)
+
+    def landlock_ruleset(self, scratch: str) -> int | None:
+        """The Landlock ruleset for cells working in `scratch`, built once by the (privileged) zygote and
+        inherited by every child forked for that dir, which only applies it: the rules name inodes, and a
+        scratch dir is emptied between cells, never replaced. None when Landlock is not used."""
+        if not self.landlock_abi:
+            return None
+        if scratch not in self.rulesets:
+            ll = self.cfg["landlock"]
+            self.rulesets[scratch] = harden.landlock_prepare(self.landlock_abi, ll["read_only"], [scratch], ll["devices"])
+        return self.rulesets[scratch]
 
 
 class Child:
@@ -85,14 +99,17 @@ def prepare_scratch(path: str, uid: int | None) -> None:
 def fork_child(setup: ChildSetup, uid: int | None, scratch: str, persistent: bool, cpu_s: int, now: float) -> Child:
     """Fork a child that hardens itself and waits for work; the caller gets non-blocking pipe ends."""
     prepare_scratch(scratch, uid)
+    ruleset = setup.landlock_ruleset(scratch)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     job_r, job_w = os.pipe()
     st_r, st_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _child_main(setup, {CHILD_STDOUT: out_w, CHILD_STDERR: err_w, CHILD_JOB: job_r, CHILD_STATUS: st_w},
-                    uid, scratch, persistent, cpu_s)
+        ends = {CHILD_STDOUT: out_w, CHILD_STDERR: err_w, CHILD_JOB: job_r, CHILD_STATUS: st_w}
+        if ruleset is not None:
+            ends[CHILD_RULESET] = ruleset
+        _child_main(setup, ends, uid, scratch, persistent, cpu_s)
     for fd in (out_w, err_w, job_r, st_w):
         os.close(fd)
     for fd in (out_r, err_r, st_r, job_w):
@@ -107,14 +124,14 @@ class _ChildSetupError(Exception):
 
 
 def _place_fds(targets: dict[int, int]) -> None:
-    """dup2 each source onto its target fd, then close everything above the fixed layout.
+    """dup2 each source onto its target fd, then close everything above the highest target.
 
     Sources are first moved above the targets so no dup2 overwrites a source still needed.
     """
     high = {target: fcntl.fcntl(src, fcntl.F_DUPFD, 10) for target, src in targets.items()}
     for target, src in high.items():
         os.dup2(src, target, inheritable=True)
-    os.closerange(CHILD_STATUS + 1, 1 << 20)
+    os.closerange(max(targets) + 1, 1 << 20)
 
 
 def _child_main(setup: ChildSetup, ends: dict[int, int], uid: int | None, scratch: str, persistent: bool,
@@ -148,16 +165,12 @@ def harden_self(setup: ChildSetup, uid: int | None, scratch: str, cpu_s: int) ->
     layers["rlimits"] = harden.set_rlimits(
         memory_mb=cfg["memory_mb"], cpu_s=cpu_s, file_size_mb=cfg["file_size_mb"],
         open_files=cfg["open_files"], processes=cfg["processes"] if uid is not None else None)
-    ruleset = None
-    if setup.landlock_abi:
-        ll = cfg["landlock"]
-        ruleset = harden.landlock_prepare(setup.landlock_abi, ll["read_only"], [scratch], ll["devices"])
     if uid is not None:
         harden.drop_privileges(uid)
         layers["uid"] = uid
     harden.set_no_new_privs()
-    if ruleset is not None:
-        harden.landlock_apply(ruleset)
+    if setup.landlock_abi:
+        harden.landlock_apply(CHILD_RULESET)  # closes it: a cell never holds the ruleset
         layers["landlock"] = setup.landlock_abi
     if setup.seccomp is not None:
         harden.load_seccomp(setup.seccomp)

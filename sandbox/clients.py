@@ -69,7 +69,10 @@ class LocalClient(_Context):
 
 
 class HttpClient(_Context):
-    """A `rstar sandbox serve` elsewhere. Transport failures become internal_error results, not exceptions."""
+    """A `rstar sandbox serve` elsewhere. Transport failures become internal_error results, not exceptions.
+
+    Cancelling a call (its task) closes its connection, since httpx does not reuse a connection whose
+    response was left unread; the service takes the disconnect as the order to kill the cell."""
 
     def __init__(self, url: str, timeout_s: float = 3600.0) -> None:
         self.url = url.rstrip("/")

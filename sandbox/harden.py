@@ -1,9 +1,9 @@
 """Per-child hardening: rlimits, uid drop, no_new_privs, Landlock and seccomp.
 
 Everything here runs in a freshly forked child of the zygote, *before* any untrusted code, in this order:
-rlimits -> open Landlock rules (paths resolved while still privileged) -> drop to the slot uid ->
-no_new_privs -> Landlock restrict_self -> seccomp. seccomp comes last because it denies calls the earlier
-steps need (setsid was done by the caller already).
+rlimits -> drop to the slot uid -> no_new_privs -> Landlock restrict_self -> seccomp. seccomp comes last
+because it denies calls the earlier steps need (setsid was done by the caller already). The Landlock
+ruleset itself is built by the zygote, once per scratch dir, while privileged (`landlock_prepare`).
 
 The seccomp program is compiled once on the host side (`compile_seccomp`, with libseccomp through
 pyseccomp, which knows every architecture's syscall numbers) and shipped to the zygote as raw BPF bytes; the
@@ -100,12 +100,19 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def load_seccomp(program: bytes) -> None:
+class SeccompProgram:
+    """A BPF program laid out as the kernel reads it. Built once in the zygote, so a forked child installs
+    it with one prctl instead of building ctypes types and copies before every cell."""
+
+    def __init__(self, program: bytes) -> None:
+        count = len(program) // 8
+        self._filters = (_SockFilter * count).from_buffer_copy(program)  # kept alive: fprog points into it
+        self.fprog = _SockFprog(count, ctypes.cast(self._filters, ctypes.POINTER(_SockFilter)))
+
+
+def load_seccomp(program: SeccompProgram) -> None:
     """Install a BPF program (needs no_new_privs set first). Irreversible for this process and its children."""
-    count = len(program) // 8
-    buf = (_SockFilter * count).from_buffer_copy(program)
-    prog = _SockFprog(count, ctypes.cast(buf, ctypes.POINTER(_SockFilter)))
-    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(program.fprog), 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"seccomp: {os.strerror(err)}")
 

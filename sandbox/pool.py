@@ -94,7 +94,7 @@ class ZygoteProcess:
             async with self._write_lock:
                 self.proc.stdin.write(protocol.encode({**message, "id": call_id}))
                 await self.proc.stdin.drain()
-            return await asyncio.wait_for(asyncio.shield(future), wait_s)
+            return await asyncio.wait_for(future, wait_s)  # only this call holds the future: nothing to shield
         except (ConnectionError, AttributeError):
             return {"status": "internal_error", "stderr": "the sandbox zygote is not running"}
         except asyncio.CancelledError:
@@ -262,7 +262,10 @@ class SandboxPool:
         wait_limit = self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
         self._waiting += 1
         try:
-            await asyncio.wait_for(self._slots.acquire(), wait_limit)
+            if self._slots.locked():
+                await asyncio.wait_for(self._slots.acquire(), wait_limit)
+            else:
+                await self._slots.acquire()  # a worker is free: no timer and no task to wrap the wait in
         except asyncio.TimeoutError:
             return {"status": "queue_timeout", "stderr": f"no worker became free within {wait_limit:g} s"}, time.monotonic() - enqueued
         finally:

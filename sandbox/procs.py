@@ -27,13 +27,19 @@ def cell_processes(uid_base: int, count: int) -> list[tuple[int, int, str]]:
             continue
         try:
             with open(f"/proc/{name}/status", "rb") as fh:
-                fields = dict(line.split(b":", 1) for line in fh if line[:4] in (b"Uid:", b"Stat"))
-            uid = int(fields[b"Uid"].split()[0])
+                status = fh.read()
+            uid = int(_field(status, b"\nUid:"))
             if uid_base <= uid < uid_base + count:
-                found.append((int(name), uid, fields[b"State"].split()[0].decode()))
-        except (OSError, ValueError, IndexError, KeyError):
+                found.append((int(name), uid, _field(status, b"\nState:").decode()))
+        except (OSError, ValueError, IndexError):
             continue
     return found
+
+
+def _field(status: bytes, key: bytes) -> bytes:
+    """The first word after `key` in a /proc status file (the zygote scans after every cell: no line loop)."""
+    start = status.index(key) + len(key)
+    return status[start:status.index(b"\n", start)].split(None, 1)[0]
 
 
 def kill_group(pgid: int) -> None:

@@ -13,11 +13,14 @@ import asyncio
 import json
 import logging
 import uuid
+from collections.abc import Awaitable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from rstar.asgi import ClientDisconnected, cancel_on_disconnect
 
 from .pool import SandboxPool
 from .schemas import (BatchResult, CodeJudgeBatch, CodeJudgeBatchResult, CodeJudgeSubmission, RunResult,
@@ -44,6 +47,15 @@ async def _json_body(request: Request) -> Any:
 
 def _invalid(message: str, status_code: int = 400) -> JSONResponse:
     return JSONResponse(error_result("invalid_input", message).model_dump(), status_code=status_code)
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[Any]) -> Any:
+    """Cancelling the pool's call when the client leaves is what has the zygote kill the cell, instead of
+    letting it run to its deadline on a worker nobody waits for."""
+    try:
+        return await cancel_on_disconnect(request.receive, work)
+    except ClientDisconnected:
+        return Response(status_code=499)  # nobody reads it: the client is gone
 
 
 def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None = None) -> FastAPI:
@@ -77,9 +89,13 @@ def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None
     @app.post("/run")
     async def run(request: Request) -> Any:
         body = await _json_body(request)
-        if is_code_judge(body):
-            return await run_code_judge(body)
-        return (await pool.run(body)).model_dump()
+
+        async def answer() -> Any:
+            if is_code_judge(body):
+                return await run_code_judge(body)
+            return (await pool.run(body)).model_dump()
+
+        return await _unless_client_leaves(request, answer())
 
     async def batch(body: Any, queue_timeout_s: float | None) -> Any:
         if is_code_judge(body) or (isinstance(body, dict) and body.get("type") == "batch"):
@@ -96,11 +112,13 @@ def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None
 
     @app.post("/run/batch")
     async def run_batch(request: Request) -> Any:
-        return await batch(await _json_body(request), None)
+        body = await _json_body(request)
+        return await _unless_client_leaves(request, batch(body, None))
 
     @app.post("/run/long-batch")
     async def run_long_batch(request: Request) -> Any:
-        return await batch(await _json_body(request), pool.settings.long_batch_queue_timeout_s)
+        body = await _json_body(request)
+        return await _unless_client_leaves(request, batch(body, pool.settings.long_batch_queue_timeout_s))
 
     @app.post("/verify")
     async def verify(request: Request) -> Any:
@@ -109,7 +127,11 @@ def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None
             req = VerifyRequest.model_validate(body)
         except Exception as exc:  # noqa: BLE001
             return _invalid(f"invalid verify request: {exc}", 422)
-        return (await pool.verify(req.response, req.gold, req.timeout_s)).model_dump()
+
+        async def answer() -> Any:
+            return (await pool.verify(req.response, req.gold, req.timeout_s)).model_dump()
+
+        return await _unless_client_leaves(request, answer())
 
     @app.delete("/sessions/{session_id}")
     async def close_session(session_id: str) -> dict:

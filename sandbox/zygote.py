@@ -7,8 +7,8 @@ Per worker slot it keeps one *spare*: a child forked ahead of time that has alre
 set its rlimits, dropped to the slot's uid and loaded Landlock and seccomp, and now blocks reading its job
 pipe. A call therefore costs one pipe write plus the cell itself. The zygote reads the child's stdout and
 stderr as they come (a byte cap stops a flood), enforces the wall deadline, and answers as soon as the child
-reports done; killing the process group, sweeping the uid, wiping the scratch dir and forking the next
-spare happen after the answer is sent.
+reports done; killing the process group, sweeping the uid and wiping the scratch dir happen after the
+answer is sent, and the used slot's next spare is forked while another cell runs or the loop is idle.
 
 This module owns the start-up (preload, probe, the ready report) and the event loop: control frames, which
 slot serves a call, when spares are replaced, deadlines, reaping and sending answers. The pieces it drives:
@@ -40,8 +40,7 @@ from .sessions import Session, SessionTable
 from .streams import Streams
 
 PR_SET_CHILD_SUBREAPER = 36
-IDLE_CLEAN_S = 0.001  # idle this long with nothing running: time to fork the next spare
-MAX_DIRTY_S = 0.05  # under constant load a used slot still gets its spare back within this
+IDLE_CLEAN_S = 0.001  # no event for this long: time to fork the next spare
 CONTROL_IN, CONTROL_OUT = 0, 1
 # Fields of a run request that the child needs; the rest (id, session, op) are the zygote's.
 JOB_FIELDS = ("kind", "code", "history", "stdin", "response", "gold", "protocol", "timeout_s")
@@ -251,13 +250,14 @@ class Zygote:
         return None
 
     def maybe_clean(self, idle: bool) -> None:
-        """Fork replacement spares off the critical path: when nothing runs, when no spare is left, or when
-        a slot has waited too long. A fork of the warm image costs ~2 ms that no answer should wait for."""
+        """Fork one replacement spare off the critical path: while a cell runs (the loop would only wait for
+        it), when idle, or when no spare is left. A fork of the warm image costs about a millisecond of the
+        loop; forked right after an answer it would delay the next call, and waiting for an idle gap starved
+        back-to-back calls (each one forked and hardened its own cell)."""
         if not self.dirty:
             return
-        now = time.monotonic()
-        slot, since = min(self.dirty.items(), key=lambda item: item[1])
-        if (idle and not self.all_jobs()) or not self.ready_slots() or now - since > MAX_DIRTY_S:
+        if self.all_jobs() or idle or not self.ready_slots():
+            slot = min(self.dirty, key=self.dirty.__getitem__)
             del self.dirty[slot]
             self.spawn_spare(slot)
 

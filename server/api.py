@@ -18,6 +18,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 import rstar
+from rstar.asgi import ClientDisconnected, cancel_on_disconnect
 from rstar.config import Settings
 from rstar.sandbox.clients import SandboxClient, connect
 from rstar.server.chat_template import choose_template
@@ -25,7 +26,7 @@ from rstar.server.conversations import ConversationStore
 from rstar.server.db import close_database, open_database
 from rstar.server.engine import EngineFailed, TokenEngine
 from rstar.server.errors import APIError, error_body, install_error_handlers
-from rstar.server.limits import Admission, AdmittedStream, BodySizeLimit, ClientDisconnected, cancel_on_disconnect
+from rstar.server.limits import Admission, AdmittedStream, BodySizeLimit
 from rstar.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
 from rstar.server.model_store import default_tool_protocol
 from rstar.server.replicas import ReplicatedEngine

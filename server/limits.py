@@ -1,5 +1,4 @@
-"""Request limits: body size (413), a bounded admission queue per engine (429), per-request deadlines (504),
-and cancelling a request whose client has gone.
+"""Request limits: body size (413), a bounded admission queue per engine (429) and per-request deadlines (504).
 
 Nothing here queues without bound: the engine would accept every request and schedule it eventually, so
 the admission queue is where overload turns into a quick 429 with Retry-After instead of ever-longer waits.
@@ -10,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from typing import TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -119,35 +118,6 @@ async def with_deadline(events: AsyncIterator[T], timeout_s: float) -> AsyncIter
             except TimeoutError:
                 raise RequestTimeout(timeout_s) from None
             yield item
-
-
-async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:
-    """Run `work` unless the client disconnects first; then cancel it (which aborts its generations).
-
-    The request body has been read by then, so the next ASGI message can only be the disconnect.
-    """
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            # Let its clean-up (engine aborts, sandbox cancellations) finish before answering.
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        raise ClientDisconnected()
-    return task.result()
-
-
-class ClientDisconnected(Exception):
-    """The client left; nothing is sent back."""
 
 
 class BodySizeLimit:

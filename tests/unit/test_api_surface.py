@@ -10,7 +10,7 @@ import time
 import openai
 import pytest
 
-from rstar.server.limits import ClientDisconnected, cancel_on_disconnect
+from rstar.asgi import ClientDisconnected, cancel_on_disconnect
 from tests.unit.api_server import REPLY, make_server  # noqa: F401 (fixture)
 from tests.unit.test_api_tools import QUESTION, TOOL_TURNS, call, sandbox_of
 

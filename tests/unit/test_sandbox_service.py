@@ -14,7 +14,9 @@ import httpx
 import pytest
 
 from rstar.sandbox.clients import HttpClient, LocalClient, SandboxClient, connect
+from rstar.sandbox.procs import cell_processes
 from rstar.sandbox.schemas import RunResult, to_code_judge
+from tests.processes import wait_until_serving
 
 
 def _free_port() -> int:
@@ -169,6 +171,58 @@ def test_http_client_matches_local_client(sandbox_service):
 
     http, local = asyncio.run(both())
     assert http == local == ("42\n", ["ok", "error"], True, "5\n", "ok")
+
+
+CANCEL_UID_BASE = 65000  # this test's own service, so counting host processes by uid sees only its cells
+
+
+def _live_cells() -> set[int]:
+    return {pid for pid, _uid, state in cell_processes(CANCEL_UID_BASE, 16) if state not in ("Z", "X")}
+
+
+def test_a_client_that_goes_away_cancels_its_cell(tmp_path):
+    """Cancelling the HTTP client's call mid-cell closes its connection; the service then has the zygote kill
+    the cell at once, where it used to run to its 30 s deadline on a worker nobody waited for."""
+    port = _free_port()
+    env = {**os.environ, "RSTAR_SANDBOX__UID_BASE": str(CANCEL_UID_BASE)}
+    log = tmp_path / "service.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "rstar.sandbox.cli", "serve", "--port", str(port),
+                                 "--workers", "2", "--timeout", "30"], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_serving(proc, f"{url}/health", log, 60)
+
+        def running() -> int:
+            return httpx.get(f"{url}/health", timeout=5).json()["running"]
+
+        async def start_then_leave() -> None:
+            async with HttpClient(url) as client:
+                call = asyncio.create_task(client.run({"code": "import time\ntime.sleep(60)", "timeout_s": 30}))
+                deadline = time.monotonic() + 10
+                while await asyncio.to_thread(running) != 1:
+                    assert time.monotonic() < deadline and not call.done(), "the cell never started"
+                    await asyncio.sleep(0.05)
+                call.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+
+        deadline = time.monotonic() + 10
+        while len(before := _live_cells()) < 4:  # the pre-forked spares (2 workers + 2), one of which takes the call
+            assert time.monotonic() < deadline, f"spares never all started: {before}"
+            time.sleep(0.05)
+        asyncio.run(start_then_leave())
+        deadline = time.monotonic() + 5
+        while (running(), len(before - _live_cells())) != (0, 1):
+            assert time.monotonic() < deadline, f"running {running()}, spares then {before}, cells now {_live_cells()}"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def test_http_client_reports_a_dead_service_as_internal_error():
