@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import heapq
 import itertools
 import json
@@ -191,6 +192,7 @@ class Request:
     start_step: int = 0
     epoch: int = 0  # bumped on preemption, so stale finish entries are skipped
     reserved_blocks: int = 0  # what it added to its replica's waiting_blocks: its blocks the replica lacks, + its tail
+    due: int = 0  # tokens it may still write as the router sees it: its max_tokens, the trajectory's budget left
 
     @property
     def tail_tokens(self) -> int:
@@ -209,6 +211,8 @@ class Replica:
         self.waiting: deque[Request] = deque()
         self.waiting_blocks = 0  # what the waiting requests will need at least (a block several share counts once)
         self.pending: Counter[int] = Counter()  # block id -> waiting requests whose prompt has it
+        self.due_waiting = 0  # sum of `due` over waiting requests
+        self.due_running_base = 0  # sum of (due + start_step) over running: what they may still write = this - n*steps
         self.running: list[Request] = []  # in admission order
         self.steps = 0
         self.private_base = 0  # sum of (tokens outside held blocks - start_step) over running: tokens at step s = this + n*s
@@ -230,8 +234,10 @@ class Replica:
         return len(self.held) + (private + running * (BLOCK_TOKENS - 1)) // BLOCK_TOKENS  # each partial block whole
 
     def free_blocks_for_router(self) -> int:
-        """Free KV as stats would report it, minus what already waits here for room."""
-        return self.capacity_blocks - self.used_blocks() - self.waiting_blocks
+        """Free KV as stats would report it, minus what already waits here for room and what the requests here
+        may still write (their max_tokens), as server/replicas.py counts it."""
+        due = self.due_waiting + self.due_running_base - len(self.running) * self.steps
+        return self.capacity_blocks - self.used_blocks() - self.waiting_blocks - due // BLOCK_TOKENS
 
     def submit(self, request: Request, now: float) -> float | None:
         """Queue a turn; returns when the replica's next step boundary is, if that moved earlier."""
@@ -297,6 +303,8 @@ class Replica:
             self.waiting.popleft()
             self.waiting_blocks -= request.reserved_blocks
             self.pending.subtract(request.blocks)
+            self.due_waiting -= request.due
+            self.due_running_base += request.due + self.steps
             for block in request.blocks:
                 self.cached.pop(block, None)
                 self.held[block] = self.held.get(block, 0) + 1
@@ -320,6 +328,7 @@ class Replica:
         request.epoch += 1
         request.prompt_tokens += progress
         request.remaining -= progress
+        request.due -= progress
         request.trajectory.generated += progress
         request.blocks = request.trajectory.block_ids(request.prompt_tokens)
         self._enqueue(request, first=True)
@@ -334,11 +343,13 @@ class Replica:
         )
         self.pending.update(request.blocks)
         self.waiting_blocks += request.reserved_blocks
+        self.due_waiting += request.due
 
     def _leave(self, request: Request) -> None:
         """Take a running request out: its held blocks and the full blocks it wrote become evictable cache."""
         progress = self.steps - request.start_step
         self.running.remove(request)
+        self.due_running_base -= request.due + request.start_step
         self.private_base -= request.tail_tokens - request.start_step
         self.context_base -= request.prompt_tokens - request.start_step
         written = request.trajectory.block_ids(request.prompt_tokens + progress)
@@ -382,8 +393,11 @@ class SimResult:
         return figures | extra | {"prefix_cache_hit": self.cached_prompt_tokens / max(1, self.cached_prompt_tokens + self.prefill_tokens)}
 
 
-def simulate(specs: Sequence[TrajectorySpec], replicas: int, policy: Policy, cost: CostModel, system_tokens: int, seed: int = 0) -> SimResult:
-    """One RL step: every trajectory starts at time 0; returns when the last one has finished."""
+def simulate(specs: Sequence[TrajectorySpec], replicas: int, policy: Policy, cost: CostModel, system_tokens: int, seed: int = 0,
+             max_response_tokens: int = WorkloadShape().max_response_tokens) -> SimResult:
+    """One RL step: every trajectory starts at time 0; returns when the last one has finished. Each turn asks
+    for what is left of `max_response_tokens` (the rollout budget, as the agent loop does), not its drawn length,
+    which no router knows in advance."""
     started = time.perf_counter()
     rng = random.Random(seed)
     tool_mu = math.log(cost.tool_latency_mean_s) - cost.tool_latency_sigma**2 / 2
@@ -397,33 +411,36 @@ def simulate(specs: Sequence[TrajectorySpec], replicas: int, policy: Policy, cos
         if end is not None:
             heapq.heappush(events, (end, next(tie), "chunk", replica_index, engines[replica_index].version))
 
-    def turn_done(request: Request, now: float) -> None:
+    def turn_done(replica_index: int, request: Request, now: float) -> None:
         trajectory = request.trajectory
         trajectory.generated += request.remaining  # what was left at its last (re)admission, all sampled now
         turn = trajectory.spec.turns[trajectory.turn]
         trajectory.context_tokens += turn.generated
+        router.remember(replica_index, trajectory.block_ids(trajectory.context_tokens))  # as replicas.py does at a finish
         if trajectory.turn + 1 == len(trajectory.spec.turns):
             trajectory.finished_s = now
             return
         latency = rng.lognormvariate(tool_mu, cost.tool_latency_sigma)
         heapq.heappush(events, (now + latency, next(tie), "tool", trajectory, 0))
 
-    engines = [Replica(cost, turn_done) for _ in range(replicas)]
+    engines = [Replica(cost, functools.partial(turn_done, index)) for index in range(replicas)]
 
     def dispatch(now: float) -> None:
-        # The router answers None while every replica is at max_in_flight; ask it only when one has room.
+        # The router answers None while every replica is at max_in_flight (or, KV-aware, has no room for the turn's
+        # budget); ask it only when one might have room.
         while queue and any(engine.in_flight < cost.max_num_seqs for engine in engines):
             trajectory, since = queue[0]
             ids = trajectory.block_ids(trajectory.context_tokens)
+            turn = trajectory.spec.turns[trajectory.turn]
+            due = max(turn.generated, max_response_tokens - (trajectory.context_tokens - system_tokens - trajectory.spec.problem_tokens))
             states = [ReplicaState(True, engine.in_flight, engine.free_blocks_for_router()) for engine in engines]
-            choice = router.choose(ids, states)
+            choice = router.choose(ids, states, max_tokens=-(-due // BLOCK_TOKENS))  # the router counts in blocks here
             if choice is None:
-                return  # every replica is at max_num_seqs: the turn waits here
+                return  # the turn waits here, first in line
             queue.popleft()
             waited.append(now - since)
             router.remember(choice, ids)
-            turn = trajectory.spec.turns[trajectory.turn]
-            schedule_chunk(choice, engines[choice].submit(Request(trajectory, trajectory.context_tokens, turn.generated), now))
+            schedule_chunk(choice, engines[choice].submit(Request(trajectory, trajectory.context_tokens, turn.generated, due=due), now))
 
     trajectories = [Trajectory(spec, system_tokens, context_tokens=system_tokens + spec.problem_tokens) for spec in specs]
     queue.extend((trajectory, 0.0) for trajectory in trajectories)

@@ -328,6 +328,7 @@ class ReplicaSlot:
     in_flight: int = 0  # generations dispatched here and not finished
     stats: EngineStats | None = None  # the latest sample
     sent_tokens: int = 0  # uncached prompt tokens dispatched since that sample (not yet in its KV usage)
+    reserved_tokens: int = 0  # tokens the generations in flight here may still write (their max_tokens, less output)
     failure: str | None = None  # why it is out, while it is
     epoch: int = 0  # bumped at each loss, so work from before the loss does not count against the new replica
 
@@ -336,7 +337,7 @@ class ReplicaSlot:
             return 0
         # vLLM samples KV usage at each engine step; an idle engine keeps its last busy sample, so idle means empty.
         usage = self.stats.kv_cache_usage if self.stats.unfinished else 0.0
-        return int(self.stats.kv_capacity_tokens * (1.0 - usage)) - self.sent_tokens
+        return int(self.stats.kv_capacity_tokens * (1.0 - usage)) - self.sent_tokens - self.reserved_tokens
 
     def state(self) -> ReplicaState:
         return ReplicaState(healthy=self.healthy, in_flight=self.in_flight, kv_free_tokens=self.kv_free_tokens())
@@ -363,6 +364,14 @@ class Lease:
     index: int
     replica: Replica
     epoch: int
+    reserved_tokens: int = 0  # what this generation may still write, counted in its slot's reserved_tokens
+
+    def wrote(self, slot: "ReplicaSlot", tokens: int) -> None:
+        """Output arrived: that much of the reservation is now real KV usage (the next stats sample shows it)."""
+        tokens = min(tokens, self.reserved_tokens)
+        self.reserved_tokens -= tokens
+        if slot.epoch == self.epoch:
+            slot.reserved_tokens -= tokens
 
 
 @dataclass
@@ -407,10 +416,10 @@ class ReplicatedEngine:
 
     # --- dispatch --------------------------------------------------------------------------------------
 
-    async def _acquire(self, prompt_ids: Sequence[int]) -> Lease:
+    async def _acquire(self, prompt_ids: Sequence[int], max_tokens: int) -> Lease:
         """Wait until the router picks a replica with room, and count the request there."""
         async with self._changed:
-            while (index := self._choose(prompt_ids)) is None:
+            while (index := self._choose(prompt_ids, max_tokens)) is None:
                 self._waiting += 1
                 try:
                     await self._changed.wait()
@@ -419,18 +428,20 @@ class ReplicatedEngine:
             slot = self._slots[index]
             slot.in_flight += 1
             slot.sent_tokens += self.router.uncached_tokens(index, prompt_ids)
+            slot.reserved_tokens += max_tokens
         self.router.remember(index, prompt_ids)
-        return Lease(index, slot.replica, slot.epoch)
+        return Lease(index, slot.replica, slot.epoch, max_tokens)
 
-    def _choose(self, prompt_ids: Sequence[int]) -> int | None:
+    def _choose(self, prompt_ids: Sequence[int], max_tokens: int) -> int | None:
         try:
-            return self.router.choose(prompt_ids, [slot.state() for slot in self._slots])
+            return self.router.choose(prompt_ids, [slot.state() for slot in self._slots], max_tokens)
         except NoHealthyReplica:
             down = "; ".join(f"replica {i}: {slot.failure or 'starting'}" for i, slot in enumerate(self._slots))
             raise EngineFailed(f"no engine replica is healthy ({down}); they are restarting") from None
 
     async def _release(self, lease: Lease) -> None:
         slot = self._slots[lease.index]
+        lease.wrote(slot, lease.reserved_tokens)
         if slot.epoch == lease.epoch:
             slot.in_flight -= 1
         await self._notify()
@@ -444,7 +455,7 @@ class ReplicatedEngine:
         before this stream yielded anything."""
         request_id = request_id or uuid.uuid4().hex
         while True:
-            lease = await self._acquire(prompt_ids)
+            lease = await self._acquire(prompt_ids, options.max_tokens)
             self._placement[request_id] = lease.index
             output: list[int] = []
             streamed = False
@@ -453,6 +464,7 @@ class ReplicatedEngine:
                     async for delta in stream:
                         streamed = True
                         output.extend(delta.token_ids)
+                        lease.wrote(self._slots[lease.index], len(delta.token_ids))
                         yield delta
                 self.router.remember(lease.index, [*prompt_ids, *output])
                 return
@@ -475,7 +487,7 @@ class ReplicatedEngine:
 
     async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
         while True:
-            lease = await self._acquire(token_ids)
+            lease = await self._acquire(token_ids, 1)
             try:
                 return await lease.replica.prompt_logprobs(token_ids)
             except REPLICA_LOST as exc:
@@ -491,7 +503,8 @@ class ReplicatedEngine:
         if slot.epoch != lease.epoch or self._closed:
             return
         log.error("engine replica %d lost (%s); restarting it", lease.index, reason)
-        slot.healthy, slot.failure, slot.stats, slot.in_flight, slot.sent_tokens = False, f"{type(reason).__name__}: {reason}", None, 0, 0
+        slot.healthy, slot.failure, slot.stats = False, f"{type(reason).__name__}: {reason}", None
+        slot.in_flight = slot.sent_tokens = slot.reserved_tokens = 0
         slot.epoch += 1
         self.router.forget(lease.index)
         self._spawn(self._restart(lease.index, lease.replica))

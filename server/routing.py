@@ -8,9 +8,14 @@ A multi-turn trajectory re-sends its whole history each turn; the replica that s
 that history in its prefix cache, so the next turn belongs there ("sticky"). The router recognises a turn as the
 continuation of a sequence it sent to a replica (that sequence is a proper prefix of the new prompt), comparing
 prompts in blocks of tokens like the engines' own prefix caches, so no request-id convention is needed. A prefix
-that merely overlaps (the shared system prompt, an RL group's common problem) is no continuation: it counts as
-KV room the replica saves, which is how the KV-aware policy scores every replica: free KV-cache tokens after
-admitting the prompt, cached blocks counted as free.
+that merely overlaps (the shared system prompt, an RL group's common problem) is no continuation.
+
+The KV-aware policy is the paper's scheduler: a replica takes a request only while its KV cache can hold it
+whole (free tokens, less what the generations already there may still write, must cover the prompt's uncached
+part plus its max_tokens), so no engine overflows and preempts while another has room; otherwise the request
+waits here until capacity frees up. Among replicas with room, a continued trajectory stays on its own, and a new
+one goes where the most room is left after admitting it (cached blocks count as free: they cost nothing).
+Verl's least-requests sticks unconditionally and otherwise counts requests, blind to how long they will run.
 
 The caller (server/replicas.py) owns the I/O: it polls each replica's stats, counts requests in flight, waits
 when `choose` returns None (every replica is at capacity: the request queues here, not inside one engine), and
@@ -38,7 +43,7 @@ class ReplicaState:
 
     healthy: bool
     in_flight: int  # generations sent there and not finished
-    kv_free_tokens: int  # free KV-cache room in tokens: the replica's latest stats minus what was sent since
+    kv_free_tokens: int  # KV room in tokens: free in the latest stats, less prompts sent since and output still due
 
 
 def block_hashes(token_ids: Sequence[int], block_tokens: int) -> list[int]:
@@ -73,8 +78,9 @@ class Router:
         self._seen = [OrderedDict() for _ in range(self.replicas)]
         self._ends = [OrderedDict() for _ in range(self.replicas)]
 
-    def choose(self, prompt_ids: Sequence[int], states: Sequence[ReplicaState]) -> int | None:
-        """The replica for this prompt, or None when every healthy replica is at capacity (wait and ask again)."""
+    def choose(self, prompt_ids: Sequence[int], states: Sequence[ReplicaState], max_tokens: int = 0) -> int | None:
+        """The replica for this prompt (whose generation may write `max_tokens`), or None when every healthy
+        replica is at capacity (wait and ask again)."""
         if len(states) != self.replicas:
             raise ValueError(f"expected {self.replicas} replica states, got {len(states)}")
         if not any(state.healthy for state in states):
@@ -87,16 +93,19 @@ class Router:
         hashes = block_hashes(prompt_ids, self.block_tokens)
         cached_blocks = [self.cached_blocks(i, hashes) for i in range(self.replicas)]
         cached = [blocks * self.block_tokens for blocks in cached_blocks]
-        owner = self._continued_on(hashes, cached_blocks, len(prompt_ids))
+        if self.policy == "kv_aware":
+            # an idle replica always takes one: a request larger than any cache still runs (the engine preempts it)
+            room = {i: states[i].kv_free_tokens + cached[i] - len(prompt_ids) - max_tokens for i in open_}
+            open_ = [i for i in open_ if room[i] >= 0 or states[i].in_flight == 0]
+            if not open_:
+                return None
+        owner = self._continued_on(hashes, cached_blocks, len(prompt_ids), states)
         if owner is not None and owner in open_:
-            if self.policy == "least_requests":
-                return owner  # verl keeps a request id on its server unconditionally
-            if states[owner].kv_free_tokens >= len(prompt_ids) - cached[owner]:
-                return owner
+            return owner  # verl keeps a request id on its server unconditionally; the KV-aware one while it fits
         if self.policy == "least_requests":
             return min(open_, key=lambda i: (states[i].in_flight, i))
         # equal room after admission: the replica that already holds more of the prompt computes less
-        return min(open_, key=lambda i: (-(states[i].kv_free_tokens + cached[i]), -cached[i], states[i].in_flight, i))
+        return min(open_, key=lambda i: (-room[i], -cached[i], states[i].in_flight, i))
 
     def remember(self, replica: int, token_ids: Sequence[int]) -> None:
         """Record that `replica` now holds this sequence's blocks in its prefix cache."""
@@ -131,16 +140,18 @@ class Router:
             count += 1
         return count
 
-    def _continued_on(self, hashes: Sequence[int], cached_blocks: Sequence[int], length: int) -> int | None:
+    def _continued_on(self, hashes: Sequence[int], cached_blocks: Sequence[int], length: int, states: Sequence[ReplicaState]) -> int | None:
         """The replica holding a sequence this prompt continues: a shorter one sent there whose last full block is
         where the prompt's cached prefix ends (a turn's history is cached up to its own end, and no further, since
-        the next block mixes its tail with the new tokens). The longest such sequence wins."""
+        the next block mixes its tail with the new tokens). The longest such sequence wins: an RL group's shared
+        prompt is continued by every sample's next turn, but only the sample's own replica holds its answer too
+        (the caller remembers each finished sequence). Among equals, the least busy."""
         candidates = [
-            (blocks, replica)
+            (-blocks, states[replica].in_flight, replica)
             for replica, blocks in enumerate(cached_blocks)
             if blocks and self._ends[replica].get(hashes[blocks - 1], length) < length
         ]
-        return max(candidates)[1] if candidates else None
+        return min(candidates)[2] if candidates else None
 
     def _next_in_turn(self, open_: Sequence[int]) -> int:
         for step in range(self.replicas):

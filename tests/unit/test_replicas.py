@@ -106,6 +106,25 @@ def test_prompt_tokens_sent_since_the_last_stats_sample_count_against_free_kv(de
     assert [r["kv_free_tokens"] for r in report] == [7000, 9900]
 
 
+def test_output_a_generation_may_still_write_counts_against_free_kv_until_it_ends(default_tokenizer):
+    async def go():
+        factory = ScriptedReplicas(default_tokenizer, kv_capacity_tokens=10_000, token_delay_s=0.05)
+        engine = await replicated(factory)
+        engine.stats_interval_s = 3600
+        stream = engine.generate(list(range(100)), SamplingOptions(max_tokens=2_000, temperature=0.0))
+        first = await anext(stream)
+        during = engine.replicas()[0]["kv_free_tokens"]
+        async for _ in stream:
+            pass
+        after = engine.replicas()[0]["kv_free_tokens"]
+        await engine.shutdown()
+        return len(first.token_ids), during, after
+
+    written, during, after = asyncio.run(go())
+    assert during == 10_000 - 100 - (2_000 - written)  # the prompt, and the reply's room less what it wrote
+    assert after == 10_000 - 100
+
+
 def test_the_next_turn_of_a_trajectory_goes_where_its_history_is(default_tokenizer):
     async def go():
         factory = ScriptedReplicas(default_tokenizer, kv_capacity_tokens=10_000)

@@ -32,8 +32,11 @@ def one(uid, problem_tokens, *turns, group=None):
     return TrajectorySpec(uid=uid, group=uid if group is None else group, problem_tokens=problem_tokens, turns=tuple(Turn(*turn) for turn in turns))
 
 
+SMALL = WorkloadShape(prompts=6, rollouts=4, mean_response_tokens=300, max_response_tokens=1200, max_turns=4)
+
+
 def small_workload(seed=0):
-    return make_workload(WorkloadShape(prompts=6, rollouts=4, mean_response_tokens=300, max_response_tokens=1200, max_turns=4), seed)
+    return make_workload(SMALL, seed)
 
 
 def test_chunk_time_adds_up_steps_whose_context_grows():
@@ -66,7 +69,8 @@ def test_the_next_turn_reuses_the_blocks_its_replica_cached_during_the_tool_call
 @pytest.mark.parametrize("seed", [0, 1])
 def test_with_one_replica_every_policy_gives_the_same_step(seed):
     specs = small_workload(seed)
-    results = [simulate(specs, 1, policy, COST, system_tokens=64, seed=seed) for policy in POLICIES]
+    roomy = replace(COST, kv_capacity_tokens=16 * 100_000)  # holds every turn's whole budget: no KV-aware gating
+    results = [simulate(specs, 1, policy, roomy, system_tokens=64, seed=seed, max_response_tokens=SMALL.max_response_tokens) for policy in POLICIES]
     assert len({round(r.makespan_s, 9) for r in results}) == 1
     assert results[0].latencies_s == results[1].latencies_s == results[2].latencies_s
 
@@ -75,8 +79,9 @@ def test_with_one_replica_every_policy_gives_the_same_step(seed):
 def test_every_trajectory_finishes_and_exactly_the_requested_tokens_are_generated_even_with_preemptions(policy):
     specs = small_workload()
     tight = replace(COST, kv_capacity_tokens=16 * 100)  # 1,600 tokens: the longest context (1,402) fits alone
-    result = simulate(specs, 2, policy, tight, system_tokens=64)
-    assert result.preemptions > 0  # the preemption path is exercised
+    result = simulate(specs, 2, policy, tight, system_tokens=64, max_response_tokens=SMALL.max_response_tokens)
+    # the preemption path is exercised; the KV-aware router, counting each turn's budget, keeps clear of it here
+    assert result.preemptions == 0 if policy == "kv_aware" else result.preemptions > 0
     assert len(result.latencies_s) == len(specs) and all(latency > 0 for latency in result.latencies_s)
     assert result.generated_tokens == result.requested_tokens == sum(spec.generated_tokens for spec in specs)
 
@@ -117,8 +122,8 @@ def test_group_rollouts_spread_by_free_room_like_round_robin_and_reuse_the_promp
     # A group's samples share their prompt but continue nothing: the KV-aware router balances them (a second
     # prefill of 320 tokens costs far less than an idle replica), and on each replica the prompt is prefilled once.
     specs = [one(i, 320, (20, 0), group=0) for i in range(8)]
-    aware = simulate(specs, 4, "kv_aware", COST, system_tokens=0)
-    spread = simulate(specs, 4, "round_robin", COST, system_tokens=0)
+    aware = simulate(specs, 4, "kv_aware", COST, system_tokens=0, max_response_tokens=20)
+    spread = simulate(specs, 4, "round_robin", COST, system_tokens=0, max_response_tokens=20)
     assert aware.prefill_tokens == spread.prefill_tokens == 4 * 320
     assert aware.makespan_s == pytest.approx(spread.makespan_s)
     assert aware.idle_fraction == pytest.approx(spread.idle_fraction)

@@ -32,16 +32,27 @@ def test_kv_aware_breaks_ties_by_fewer_requests_then_index():
     assert router.choose(SYSTEM, [up(2, 500), up(1, 500), up(1, 500)]) == 1
 
 
-def test_a_multi_turn_trajectory_stays_on_the_replica_holding_its_history():
+def test_a_multi_turn_trajectory_stays_on_its_replica_while_its_next_turn_fits_there():
     router = Router(replicas=2)
-    router.remember(0, SYSTEM)
-    router.remember(1, SYSTEM)  # both hold the shared prompt: no affinity from it
+    router.remember(0, SYSTEM + [1] * 16)  # other conversations: both replicas hold the shared system prompt
+    router.remember(1, SYSTEM + [2] * 16)
     turn_1 = SYSTEM + list(range(64))
     assert router.choose(turn_1, [up(kv_free=100), up(kv_free=900)]) == 1
     router.remember(1, turn_1)
-    turn_2 = turn_1 + list(range(500, 548))
-    # replica 0 now has more free room, but replica 1 holds the history and has room for the rest
-    assert router.choose(turn_2, [up(kv_free=900), up(kv_free=200)]) == 1
+    turn_2 = turn_1 + list(range(500, 548))  # 176 tokens, 128 of them cached on replica 1
+    assert router.choose(turn_2, [up(kv_free=900), up(1, kv_free=200)]) == 1  # less room, but it fits there
+    assert router.choose(turn_2, [up(kv_free=900), up(1, kv_free=200)], max_tokens=48) == 1  # 200 - 48 - 48 >= 0
+    assert router.choose(turn_2, [up(kv_free=900), up(1, kv_free=200)], max_tokens=200) == 0  # no room for its output
+
+
+def test_kv_aware_queues_a_request_no_busy_replica_has_room_for_and_an_idle_one_always_takes_one():
+    router = Router(replicas=2)
+    prompt = list(range(100))
+    assert router.choose(prompt, [up(1, kv_free=150), up(2, kv_free=199)], max_tokens=100) is None
+    assert router.choose(prompt, [up(1, kv_free=150), up(2, kv_free=200)], max_tokens=100) == 1
+    assert router.choose(prompt, [up(1, kv_free=150), up(0, kv_free=50)], max_tokens=100) == 1  # larger than its cache
+    least = Router(replicas=2, policy="least_requests")
+    assert least.choose(prompt, [up(1, kv_free=150), up(2, kv_free=199)], max_tokens=100) == 0  # blind to KV
 
 
 def test_a_replica_holding_only_the_shared_system_prompt_does_not_draw_every_new_problem():
@@ -65,23 +76,14 @@ def test_samples_of_one_prompt_are_no_continuation_but_kv_aware_counts_their_sha
     assert kv.choose(group_prompt, [up(kv_free=9_800), up(kv_free=10_000)]) == 1
 
 
-def test_the_longest_continued_sequence_wins_when_two_replicas_hold_one():
-    router = Router(replicas=2)
+def test_least_requests_sticks_to_the_longest_continued_sequence_when_two_replicas_hold_one():
+    router = Router(replicas=2, policy="least_requests")
     turn_1 = SYSTEM + list(range(64))
     turn_2 = turn_1 + list(range(700, 732))
     router.remember(0, turn_1)
     router.remember(1, turn_2)  # the trajectory moved to replica 1 for its second turn
     turn_3 = turn_2 + list(range(800, 832))
-    assert router.choose(turn_3, [up(kv_free=10_000), up(kv_free=5_000)]) == 1
-
-
-def test_kv_aware_leaves_a_sticky_replica_without_room_for_the_uncached_rest():
-    router = Router(replicas=2)
-    history = SYSTEM + list(range(64))
-    router.remember(1, history)
-    turn_2 = history + list(range(500, 564))  # 64 uncached tokens
-    assert router.choose(turn_2, [up(kv_free=900), up(kv_free=63)]) == 0
-    assert router.choose(turn_2, [up(kv_free=900), up(kv_free=64)]) == 1
+    assert router.choose(turn_3, [up(in_flight=0), up(in_flight=5)]) == 1
 
 
 def test_least_requests_sticks_regardless_of_load_and_otherwise_takes_the_least_busy():
