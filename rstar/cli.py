@@ -102,7 +102,7 @@ def serve(
         Optional[str], typer.Option(help="Ray cluster for the replicas ('auto', 'ray://host:10001'); default a local Ray. [env: RSTAR_ENGINE__RAY_ADDRESS]")
     ] = None,
     routing: Annotated[
-        Optional[str], typer.Option(help="Replica choice: kv_aware, least_requests or round_robin. [env: RSTAR_ENGINE__ROUTING]")
+        Optional[str], typer.Option(help="Replica choice: least_requests (default), kv_aware or round_robin. [env: RSTAR_ENGINE__ROUTING]")
     ] = None,
 ) -> None:
     """Start the OpenAI-compatible API on one engine (or --replicas N behind a router), with the web UI at /ui (pulls the embedded default model if needed)."""

@@ -41,7 +41,10 @@ class EngineSettings(BaseModel):
         description="Engines behind one router, each a Ray actor: one per GPU (tensor_parallel_size GPUs each), or on CPU an even share of the "
         "cores each, with its own KV cache of cpu_kv_cache_gib. 1 without ray_address: one engine in the API's process, no Ray.",
     )
-    routing: Policy = Field("kv_aware", description="How the router picks a replica: kv_aware (most free KV cache, prefix-sticky), least_requests (verl's), round_robin.")
+    routing: Policy = Field(
+        "least_requests",
+        description="How the router picks a replica (--replicas > 1): least_requests (fewest in flight, a continued trajectory stays on its replica; best in benchmarks/router_sim.py), kv_aware (the paper's scheduler: only where the KV cache holds the prompt and its whole max_tokens, else wait at the router; no preemptions, fewer running sequences), round_robin.",
+    )
     ray_address: str | None = Field(None, description="Ray cluster the replicas run on ('auto', 'ray://host:10001'); None starts a local Ray when replicas > 1.")
     cpu_threads_bind: str = Field(
         "auto",
