@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rstar.config import EngineSettings, load_settings
 from rstar.server.engine import SamplingOptions, VllmEngine
+from rstar.server.engine_defaults import describe
 from rstar.server.model_store import resolve_model
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -64,17 +65,18 @@ def main() -> None:
 
     settings = load_settings()
     model_dir = resolve_model("default", settings.models_dir).path
-    engine_settings = EngineSettings(max_model_len=2048, max_num_seqs=16)
+    # Eager for both: this compares the wrapper around the engine, not the engine's mode (server_bench does that).
+    engine_settings = EngineSettings(max_model_len=2048, max_num_seqs=16, enforce_eager=True)
 
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
-    ours = asyncio.run_coroutine_threadsafe(VllmEngine.start(model_dir, engine_settings), loop).result()
+    ours = asyncio.run_coroutine_threadsafe(VllmEngine.start(model_dir, engine_settings, cache_dir=settings.cache_dir), loop).result()
 
     from vllm import LLM
 
     baseline = LLM(
         model=model_dir,
-        dtype=engine_settings.dtype,
+        dtype=ours.dtype,
         max_model_len=engine_settings.max_model_len,
         max_num_seqs=engine_settings.max_num_seqs,
         enforce_eager=engine_settings.enforce_eager,
@@ -104,6 +106,7 @@ def main() -> None:
         "benchmark": "engine_bench",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.node()} {platform.machine()}, {__import__('os').cpu_count()} cores",
+        "engine_defaults": describe(ours.defaults),
         "workload": {"model": Path(model_dir).name, "prompt_tokens": len(prompt_ids), "tokens_per_sequence": tokens, "rounds": rounds, "quick": args.quick},
         "tokens_per_s": {name: {f"batch_{b}": {"median": median[name][b], "samples": samples[name][b]} for b in (1, 8)} for name in samples},
         "ratio_rstar_over_vllm": {f"batch_{b}": ratios[b] for b in (1, 8)},

@@ -188,8 +188,8 @@ async def _train_in_process(settings: Settings, recipe, problems, data: str, run
     from rstar.server.model_store import resolve_model
 
     resolved = resolve_model(settings.model, settings.models_dir)
-    console.print(f"starting the engine on {resolved.path} (about a minute on CPU)", highlight=False)
-    engine = await VllmEngine.start(resolved.path, settings.engine, served_model_name=resolved.name)
+    console.print(f"starting the engine on {resolved.path} (on CPU about a minute, a first compiled start several)", highlight=False)
+    engine = await VllmEngine.start(resolved.path, settings.engine, served_model_name=resolved.name, cache_dir=settings.cache_dir)
     try:
         async with connect(settings.sandbox, url=settings.api.sandbox_url, ray=ray) as sandbox:
             env = RolloutEnv(engine, choose_template(engine.tokenizer, resolved.name, settings.api.chat_template), sandbox)

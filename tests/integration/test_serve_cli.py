@@ -48,7 +48,8 @@ def rstar_serve(tmp_path_factory, default_model_dir, sandbox_service):
     """`rstar serve --sandbox-url` against the separately started sandbox service."""
     port = free_port()
     data_dir = tmp_path_factory.mktemp("serve-data")
-    env = {**os.environ, "RSTAR_DATA_DIR": str(data_dir), "RSTAR_ENGINE__MAX_MODEL_LEN": "2048"}
+    # Eager: this checks the CLI's behaviour, and a first compiled start takes minutes (benchmarks/server_bench.py starts that one).
+    env = {**os.environ, "RSTAR_DATA_DIR": str(data_dir), "RSTAR_ENGINE__MAX_MODEL_LEN": "2048", "RSTAR_ENGINE__ENFORCE_EAGER": "true"}
     base_url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "rstar.cli", "serve", "--port", str(port), "--sandbox-url", sandbox_service]
     process = start_logged(command, env, data_dir / "serve.log", f"{base_url}/health")
