@@ -126,7 +126,7 @@ def serve(
     loopback = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(settings.host, f"[{settings.host}]" if ":" in settings.host else settings.host)
     mount_ui(api, f"http://{loopback}:{settings.port}", settings.api_key)
     mount_rl(api, settings, api_key_guard(settings))
-    console.print(f"starting the engine on {resolved.path} (on CPU about a minute, a first compiled start several; the "engine defaults" line says which); API at http://{settings.host}:{settings.port}/v1", highlight=False)
+    console.print(f"starting the engine on {resolved.path} (on CPU about a minute, a first compiled start several; the 'engine defaults' line says which); API at http://{settings.host}:{settings.port}/v1", highlight=False)
     console.print(f"UI at http://{settings.host}:{settings.port}{UI_PATH} once the engine is up", highlight=False, soft_wrap=True)
     server = uvicorn.Server(uvicorn.Config(api, log_level="info"))
     server.run(sockets=[sock])
