@@ -359,8 +359,7 @@ async def run(args, quick: bool) -> dict:
 
         result.update({
             "engine": {"start_s": engine_start_s, "dtype": engine.dtype, "defaults": describe(engine.defaults),
-                       "settings": engine_settings.model_dump(),
-                       "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE")},
+                       "settings": engine_settings.model_dump()},
             "ours": {
                 "config": config.model_dump(mode="json"),
                 "trainer_compute_dtype": dtype, "trainer_compute_dtype_why": dtype_why, "weights_dtype": "float32",

@@ -26,6 +26,7 @@ from rstar.server.engine_defaults import (
     compile_cache_dir,
     compile_cache_present,
     describe,
+    engine_environment,
 )
 
 log = logging.getLogger("rstar.engine")
@@ -144,13 +145,20 @@ def choose_defaults(model_dir: str | Path, settings: EngineSettings, cache_dir: 
     return EngineDefaults(dtype=dtype, eager=eager, threads_bind=threads, kv_cache=kv_cache, compile_cache=None if eager.value else cache)
 
 
-def _configure_cpu_environment(settings: EngineSettings, defaults: EngineDefaults) -> None:
-    """vLLM's CPU backend reads these at engine start; explicit environment values win."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_cache_gib))
-    if defaults.threads_bind.value is not None:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = defaults.threads_bind.value
-    # On hosts without a routable interface vLLM cannot pick an address for its internal sockets.
-    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]):
+    """Set for the engine's processes, which inherit them as they start; this process's environment is restored
+    after, so a later start in it chooses from the same facts."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _latest_stats_logger(holder: dict):
@@ -225,14 +233,10 @@ class VllmEngine:
         defaults = choose_defaults(model_dir, settings, cache_dir or default_cache_dir(), accelerator_kind)
         if defaults.dtype.warning:
             log.warning(defaults.dtype.warning)
-        if accelerator_kind == "cpu":
-            _configure_cpu_environment(settings, defaults)
         compilation = {}
-        if defaults.compile_cache is not None:
-            compilation["cache_dir"] = str(defaults.compile_cache)
-            if accelerator_kind == "cuda":
-                # Decode batches never exceed max_num_seqs; vLLM's default captures graphs up to twice that.
-                compilation["max_cudagraph_capture_size"] = settings.max_num_seqs
+        if defaults.compile_cache is not None and accelerator_kind == "cuda":
+            # Decode batches never exceed max_num_seqs; vLLM's default captures graphs up to twice that.
+            compilation["max_cudagraph_capture_size"] = settings.max_num_seqs
         # vLLM CPU crashes the whole engine ("CPU Generator does not use offset") when a request with a seed
         # is prefilled in chunks: it rewinds the request's generator, which only CUDA generators support.
         # Concurrent seeded requests with long prompts (RL rollouts; any API client sending `seed`) get
@@ -260,7 +264,8 @@ class VllmEngine:
             **({"compilation_config": compilation} if compilation else {}),
         )
         holder: dict = {}
-        llm = AsyncLLM.from_engine_args(args, stat_loggers=[_latest_stats_logger(holder)])
+        with _environment(engine_environment(defaults, accelerator_kind, settings.cpu_kv_cache_gib, os.environ)):
+            llm = AsyncLLM.from_engine_args(args, stat_loggers=[_latest_stats_logger(holder)])
         engine = cls(
             llm=llm,
             model_name=served_model_name or str(model_dir),

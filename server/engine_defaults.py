@@ -9,8 +9,10 @@ Eager vs compiled, measured (issue 11; 2-core Intel Xeon without AVX512_BF16, Sm
 compiled with both cores bound generated 1.20-1.68x the tokens/s of `vllm serve`'s defaults at concurrency
 1-32, while eager fell behind them; the price is start-up, 276 s compiled vs 95 s eager. vLLM's CPU backend
 compiles one graph for a dynamic batch shape (torch.compile with inductor's C++ kernels, no CUDA graphs), and
-keeps the result in a compile cache, so `auto` compiles and keeps that cache in our cache dir, keyed by what
-the compiled graph depends on: the second start loads it instead of compiling again.
+keeps the result under VLLM_CACHE_ROOT, so `auto` compiles and points that root into our cache dir, one per
+model and configuration: the second start loads the compiled model instead of compiling again. No warm-up
+shapes to trim on CPU: vLLM compiles one graph for a dynamic batch size and captures no CUDA graphs; on GPUs
+the captured batch sizes are capped at max_num_seqs, which no decode step exceeds.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from rstar.hardware import CpuInfo, fast_dtype_for
@@ -81,22 +84,34 @@ def choose_eager(setting: bool | str, accelerator_kind: str, cpu: CpuInfo, compi
         return Choice(False, "compile cache found: this start loads it")
     if cpu.cores < 2:
         return Choice(True, "one core and no compile cache: compiling would hold the only core for minutes")
-    return Choice(False, "first start compiles (276 s vs 95 s eager on 2 cores), later starts load the cache; "
-                         "1.2-1.7x eager's tokens/s measured")
+    return Choice(False, "first start compiles, later starts load the cache; 1.2-1.7x eager's tokens/s, first start 276 s "
+                         "vs 95 s eager, measured on 2 Xeon cores")
 
 
 def compile_cache_dir(cache_dir: Path, factors: dict) -> Path:
-    """Where vLLM's torch.compile cache for one model and configuration lives: a directory per distinct set of
-    factors (model, its config, dtype, shapes, vLLM and torch versions, CPU), so a change compiles afresh
-    rather than loading a graph made for something else."""
+    """The VLLM_CACHE_ROOT of one model and configuration: a directory per distinct set of factors (model, its
+    config, dtype, shapes, vLLM and torch versions, CPU), so that whether it holds a compiled graph says whether
+    this start will compile. vLLM keys its artifacts inside it by its own hash, and checks them on load."""
     key = hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir / "vllm-compile" / key
 
 
+# Where a compiled start leaves what the next one loads, under one model's VLLM_CACHE_ROOT, and the files that
+# appear only once a compile finished (others appear as soon as it begins):
+# - on CPU, inductor's cache (TORCHINDUCTOR_CACHE_DIR): an entry per compiled graph under fxgraph/;
+# - on GPU, vLLM's AOT-compiled model (torch_compile_cache/torch_aot_compile/<hash>/rank_<r>_<d>/model), or the
+#   index of compiled graphs of its older path (torch_compile_cache/<hash>/rank_<r>_<d>/<prefix>/vllm_compile_cache.py).
+INDUCTOR_CACHE = "inductor"
+FINISHED_COMPILE_FILES = ("model", "vllm_compile_cache.py")
+
+
 def compile_cache_present(directory: Path) -> bool:
-    """Whether a compiled start finished writing its cache there: vLLM writes the index of compiled graphs,
-    `vllm_compile_cache.py`, after compiling (other files appear as soon as it begins)."""
-    return directory.is_dir() and any(directory.rglob("vllm_compile_cache.py"))
+    """Whether a compiled start finished writing its cache under this VLLM_CACHE_ROOT."""
+    graphs = directory / INDUCTOR_CACHE / "fxgraph"
+    if graphs.is_dir() and any(path.is_file() for path in graphs.rglob("*")):
+        return True
+    compiled = directory / "torch_compile_cache"
+    return compiled.is_dir() and any(path.name in FINISHED_COMPILE_FILES and path.is_file() for path in compiled.rglob("*"))
 
 
 @dataclass(frozen=True)
@@ -106,6 +121,27 @@ class EngineDefaults:
     threads_bind: Choice | None  # None on GPUs
     kv_cache: str  # e.g. "2 GiB" or "85% of GPU memory"
     compile_cache: Path | None  # None when eager
+
+
+def engine_environment(defaults: EngineDefaults, accelerator_kind: str, cpu_kv_cache_gib: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables vLLM's engine processes read at start for these defaults; explicit values in `environ`
+    win for the KV-cache size, the host address and AOT compilation."""
+    variables = {}
+    if accelerator_kind == "cpu":
+        variables["VLLM_CPU_KVCACHE_SPACE"] = environ.get("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
+        if defaults.threads_bind is not None and defaults.threads_bind.value is not None:
+            variables["VLLM_CPU_OMP_THREADS_BIND"] = defaults.threads_bind.value
+        # On hosts without a routable interface vLLM cannot pick an address for its internal sockets.
+        variables["VLLM_HOST_IP"] = environ.get("VLLM_HOST_IP", "127.0.0.1")
+    if defaults.compile_cache is not None:
+        variables["VLLM_CACHE_ROOT"] = str(defaults.compile_cache)
+        if accelerator_kind == "cpu":
+            # vLLM 0.32's CPU backend saves an AOT-compiled model it then fails to load ("'function' object has no
+            # attribute 'finalize_loading'", measured), so every start compiled again; without AOT, inductor's own
+            # cache serves the second start (its warm-up took 11 s instead of 56 s, measured here).
+            variables["VLLM_USE_AOT_COMPILE"] = environ.get("VLLM_USE_AOT_COMPILE", "0")
+            variables["TORCHINDUCTOR_CACHE_DIR"] = str(defaults.compile_cache / INDUCTOR_CACHE)
+    return variables
 
 
 def describe(defaults: EngineDefaults) -> str:

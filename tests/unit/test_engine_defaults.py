@@ -14,6 +14,7 @@ from rstar.server.engine_defaults import (
     compile_cache_dir,
     compile_cache_present,
     describe,
+    engine_environment,
 )
 
 XEON = CpuInfo(model="Intel Xeon", cores=2, flags=("avx2", "avx512f", "avx512_vnni"))  # no AVX512_BF16: the issue's machine
@@ -84,15 +85,25 @@ def test_compile_cache_dir_is_keyed_by_every_factor(tmp_path):
         assert compile_cache_dir(tmp_path, factors | {key: other}) != same
 
 
-def test_compile_cache_counts_only_a_finished_compile(tmp_path):
-    directory = tmp_path / "key"
-    assert not compile_cache_present(directory)
-    started = directory / "rank_0_0" / "backbone"
-    started.mkdir(parents=True)
-    (started / "cache_key_factors.json").write_text("{}")  # written as compiling begins
-    assert not compile_cache_present(directory)
-    (started / "vllm_compile_cache.py").write_text("{}")
-    assert compile_cache_present(directory)
+@pytest.mark.parametrize(
+    "finished",
+    [
+        "inductor/fxgraph/b7/fb7kipt/gg4gp5r",  # inductor's entry for a compiled graph, as written here on CPU
+        "torch_compile_cache/torch_aot_compile/6b866d/rank_0_0/model",  # vLLM 0.32's AOT path, as written here
+        "torch_compile_cache/0a1b2c/rank_0_0/backbone/vllm_compile_cache.py",
+    ],
+)
+def test_compile_cache_counts_only_a_finished_compile(tmp_path, finished):
+    assert not compile_cache_present(tmp_path / "missing")
+    begun = tmp_path / "torch_compile_cache/torch_aot_compile/6b866d"
+    (begun / "inductor_cache/xi").mkdir(parents=True)  # written as compiling begins
+    (begun / "inductor_cache/xi/kernel.cpp").write_text("")
+    (tmp_path / "inductor/locks").mkdir(parents=True)
+    (tmp_path / "inductor/locks/x.lock").write_text("")
+    assert not compile_cache_present(tmp_path)
+    (tmp_path / finished).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / finished).write_bytes(b"")
+    assert compile_cache_present(tmp_path)
 
 
 def test_describe_names_every_choice_and_reason():
@@ -116,3 +127,29 @@ def test_describe_on_a_gpu_has_no_thread_binding():
         dtype=Choice("bfloat16", "a GPU"), eager=Choice(True, "as configured"), threads_bind=None, kv_cache="85% of GPU memory", compile_cache=None
     )
     assert describe(defaults) == "engine defaults: bfloat16 (a GPU), eager (as configured), kv cache 85% of GPU memory"
+
+
+def _defaults(accelerator: str, compiled: bool) -> EngineDefaults:
+    return EngineDefaults(
+        dtype=Choice("float32", "facts"), eager=Choice(not compiled, "facts"),
+        threads_bind=Choice("0-1", "facts") if accelerator == "cpu" else None, kv_cache="2 GiB",
+        compile_cache=Path("/cache/vllm-compile/abc") if compiled else None,
+    )
+
+
+def test_engine_environment_of_a_compiled_cpu_engine():
+    variables = engine_environment(_defaults("cpu", compiled=True), "cpu", 2, {})
+    assert variables == {
+        "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_CACHE_ROOT": "/cache/vllm-compile/abc", "VLLM_USE_AOT_COMPILE": "0", "TORCHINDUCTOR_CACHE_DIR": "/cache/vllm-compile/abc/inductor",
+    }
+
+
+def test_engine_environment_keeps_explicit_values_and_sets_no_cache_when_eager():
+    given = {"VLLM_CPU_KVCACHE_SPACE": "8", "VLLM_HOST_IP": "10.0.0.2"}
+    variables = engine_environment(_defaults("cpu", compiled=False), "cpu", 2, given)
+    assert variables == {"VLLM_CPU_KVCACHE_SPACE": "8", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_HOST_IP": "10.0.0.2"}
+
+
+def test_engine_environment_on_a_gpu_keeps_vllms_aot_cache():
+    assert engine_environment(_defaults("cuda", compiled=True), "cuda", 2, {}) == {"VLLM_CACHE_ROOT": "/cache/vllm-compile/abc"}
