@@ -75,9 +75,11 @@ def main() -> None:
 
     from vllm import LLM
 
-    # The same KV cache as ours, which sets it only while its own engine starts; unset, vLLM's CPU backend
-    # reserves 92% of memory (refused on a machine shared with others).
+    # The same KV cache and thread binding as ours, which sets them only while its own engine starts; unset,
+    # vLLM's CPU backend reserves 92% of memory (refused on a machine shared with others) and leaves a core idle.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine_settings.cpu_kv_cache_gib))
+    if ours.defaults.threads_bind is not None and ours.defaults.threads_bind.value is not None:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ours.defaults.threads_bind.value)
     baseline = LLM(
         model=model_dir,
         dtype=ours.dtype,
