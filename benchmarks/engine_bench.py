@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import threading
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from rstar.config import EngineSettings, load_settings
 from rstar.server.engine import SamplingOptions, VllmEngine
+from rstar.server.engine_defaults import describe
 from rstar.server.model_store import resolve_model
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -64,17 +66,23 @@ def main() -> None:
 
     settings = load_settings()
     model_dir = resolve_model("default", settings.models_dir).path
-    engine_settings = EngineSettings(max_model_len=2048, max_num_seqs=16)
+    # Eager for both: this compares the wrapper around the engine, not the engine's mode (server_bench does that).
+    engine_settings = EngineSettings(max_model_len=2048, max_num_seqs=16, enforce_eager=True)
 
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
-    ours = asyncio.run_coroutine_threadsafe(VllmEngine.start(model_dir, engine_settings), loop).result()
+    ours = asyncio.run_coroutine_threadsafe(VllmEngine.start(model_dir, engine_settings, cache_dir=settings.cache_dir), loop).result()
 
     from vllm import LLM
 
+    # The same KV cache and thread binding as ours, which sets them only while its own engine starts; unset,
+    # vLLM's CPU backend reserves 92% of memory (refused on a machine shared with others) and leaves a core idle.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine_settings.cpu_kv_cache_gib))
+    if ours.defaults.threads_bind is not None and ours.defaults.threads_bind.value is not None:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ours.defaults.threads_bind.value)
     baseline = LLM(
         model=model_dir,
-        dtype=engine_settings.dtype,
+        dtype=ours.dtype,
         max_model_len=engine_settings.max_model_len,
         max_num_seqs=engine_settings.max_num_seqs,
         enforce_eager=engine_settings.enforce_eager,
@@ -103,7 +111,8 @@ def main() -> None:
     result = {
         "benchmark": "engine_bench",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()} {platform.machine()}, {__import__('os').cpu_count()} cores",
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
+        "engine_defaults": describe(ours.defaults),
         "workload": {"model": Path(model_dir).name, "prompt_tokens": len(prompt_ids), "tokens_per_sequence": tokens, "rounds": rounds, "quick": args.quick},
         "tokens_per_s": {name: {f"batch_{b}": {"median": median[name][b], "samples": samples[name][b]} for b in (1, 8)} for name in samples},
         "ratio_rstar_over_vllm": {f"batch_{b}": ratios[b] for b in (1, 8)},

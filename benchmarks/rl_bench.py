@@ -280,7 +280,8 @@ async def run(args, quick: bool) -> dict:
     from rstar.sandbox.clients import LocalClient
     from rstar.sandbox.settings import SandboxSettings
     from rstar.server.chat_template import choose_template
-    from rstar.server.engine import VllmEngine, choose_dtype
+    from rstar.server.engine import VllmEngine
+    from rstar.server.engine_defaults import describe
     from rstar.server.model_store import resolve_model
 
     trl_steps, our_steps, own_rounds, sync_calls = (1, 2, 2, 2) if quick else (5, 5, 5, 5)
@@ -309,7 +310,7 @@ async def run(args, quick: bool) -> dict:
         engine_settings = settings.engine
         print(f"starting the engine on {model_dir} (vLLM, dtype {engine_settings.dtype})", flush=True)
         started = time.perf_counter()
-        engine = await VllmEngine.start(model_dir, engine_settings, served_model_name=resolved.name)
+        engine = await VllmEngine.start(model_dir, engine_settings, served_model_name=resolved.name, cache_dir=settings.cache_dir)
         engine_start_s = time.perf_counter() - started
         try:
             template = choose_template(engine.tokenizer, resolved.name, "model")
@@ -357,9 +358,8 @@ async def run(args, quick: bool) -> dict:
         import vllm
 
         result.update({
-            "engine": {"start_s": engine_start_s, "dtype": engine.dtype, "dtype_why": choose_dtype(engine_settings.dtype)[1],
-                       "settings": engine_settings.model_dump(),
-                       "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE")},
+            "engine": {"start_s": engine_start_s, "dtype": engine.dtype, "defaults": describe(engine.defaults),
+                       "settings": engine_settings.model_dump()},
             "ours": {
                 "config": config.model_dump(mode="json"),
                 "trainer_compute_dtype": dtype, "trainer_compute_dtype_why": dtype_why, "weights_dtype": "float32",

@@ -288,8 +288,8 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
         raise _fail(problem)
     # A window that fits the run's largest budget: the configured one when it is larger (and the model supports it).
     window = max(min(settings.engine.max_model_len, supported), *(b.needed for b in budgets))
-    console.print(f"starting the engine on {resolved.path} with a {window}-token window (about a minute on CPU)", highlight=False)
-    engine = await VllmEngine.start(resolved.path, settings.engine.model_copy(update={"max_model_len": window}), served_model_name=name)
+    console.print(f"starting the engine on {resolved.path} with a {window}-token window (on CPU about a minute, a first compiled start several)", highlight=False)
+    engine = await VllmEngine.start(resolved.path, settings.engine.model_copy(update={"max_model_len": window}), served_model_name=name, cache_dir=settings.cache_dir)
     try:
         async with connect(settings.sandbox) as sandbox:
             await go(InProcessChatClient(engine, SandboxExecutor(sandbox)), name, docs)

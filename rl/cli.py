@@ -188,9 +188,9 @@ async def _train_in_process(settings: Settings, recipe, problems, data: str, run
     from rstar.server.replicas import start_engine
 
     resolved = resolve_model(settings.model, settings.models_dir)
-    console.print(f"starting the engine on {resolved.path} (about a minute on CPU)", highlight=False)
+    console.print(f"starting the engine on {resolved.path} (on CPU about a minute, a first compiled start several)", highlight=False)
     # With RSTAR_ENGINE__REPLICAS > 1 rollouts go through the same router as the API's traffic.
-    engine = await start_engine(resolved.path, settings.engine, served_model_name=resolved.name)
+    engine = await start_engine(resolved.path, settings.engine, served_model_name=resolved.name, cache_dir=settings.cache_dir)
     try:
         async with connect(settings.sandbox, url=settings.api.sandbox_url, ray=ray) as sandbox:
             env = RolloutEnv(engine, choose_template(engine.tokenizer, resolved.name, settings.api.chat_template), sandbox)

@@ -133,7 +133,7 @@ def serve(
     name = settings.served_model_name or resolved.name
 
     async def start_engines():
-        return await start_engine(resolved.path, settings.engine, served_model_name=name)
+        return await start_engine(resolved.path, settings.engine, served_model_name=name, cache_dir=settings.cache_dir)
 
     api = create_app(settings, start_engines, name)
     # The UI talks to this same server over HTTP, as it would to a remote one; a wildcard bind is reached on loopback.
@@ -141,7 +141,7 @@ def serve(
     mount_ui(api, f"http://{loopback}:{settings.port}", settings.api_key)
     mount_rl(api, settings, api_key_guard(settings))
     engines = f"{settings.engine.replicas} engine replicas (routing {settings.engine.routing})" if replicated else "the engine"
-    console.print(f"starting {engines} on {resolved.path} (about a minute on CPU); API at http://{settings.host}:{settings.port}/v1", highlight=False)
+    console.print(f"starting {engines} on {resolved.path} (on CPU about a minute, a first compiled start several; the 'engine defaults' line says which); API at http://{settings.host}:{settings.port}/v1", highlight=False)
     console.print(f"UI at http://{settings.host}:{settings.port}{UI_PATH} once the engine is up", highlight=False, soft_wrap=True)
     server = uvicorn.Server(uvicorn.Config(api, log_level="info"))
     server.run(sockets=[sock])

@@ -19,6 +19,10 @@ from rstar.server.routing import Policy
 DEFAULT_MODEL = "default"
 
 
+def default_cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir("rstar"))
+
+
 class EngineSettings(BaseModel):
     dtype: str = Field(
         "auto",
@@ -26,7 +30,12 @@ class EngineSettings(BaseModel):
     )
     max_model_len: int = Field(8192, description="Context window the engine accepts (prompt + all generated and tool tokens).")
     max_num_seqs: int = Field(64, description="Sequences scheduled at once.")
-    enforce_eager: bool = Field(True, description="Skip graph capture/compilation: start-up in ~40 s instead of minutes on CPU.")
+    enforce_eager: bool | Literal["auto"] = Field(
+        "auto",
+        description="true: eager, the fastest start; false: compiled (torch.compile; CUDA graphs on GPUs), faster generation. auto: "
+        "compiled on GPUs and on CPUs with AVX2/AVX-512/NEON (measured 1.2-1.7x eager's tokens/s on 2 cores, first start 276 s vs 95 s), "
+        "the compile cache kept in cache_dir so later starts load it; eager on a single core without a cache.",
+    )
     seed: int = 0
     logprobs_mode: str = Field(
         "processed_logprobs",
@@ -97,7 +106,7 @@ class Settings(BaseSettings):
     port: int = 8000
     api_key: str | None = Field(None, description="When set, every /v1 request must carry `Authorization: Bearer <key>`.")
     data_dir: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir("rstar")))
-    cache_dir: Path = Field(default_factory=lambda: Path(platformdirs.user_cache_dir("rstar")))
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="Models and the engine's compile cache.")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite file rstar.db in data_dir. PostgreSQL: postgresql+psycopg://...")
     store_conversations: bool = Field(True, description="Keep every chat completion in the database (a request can opt out with store=false).")
     engine: EngineSettings = Field(default_factory=EngineSettings)

@@ -67,10 +67,14 @@ def accelerator() -> str:
 
 
 def fast_dtype() -> tuple[str, str]:
-    """The compute dtype that runs fastest here, and why: bf16 on GPUs and on CPUs with native bf16, else fp32."""
-    if accelerator() == "cuda":
+    """The compute dtype that runs fastest here, and why (see `fast_dtype_for`)."""
+    return fast_dtype_for(accelerator(), cpu_info())
+
+
+def fast_dtype_for(accelerator_kind: str, cpu: CpuInfo) -> tuple[str, str]:
+    """bf16 on GPUs and on CPUs with native bf16, else fp32; with the reason."""
+    if accelerator_kind == "cuda":
         return "bfloat16", "a GPU"
-    cpu = cpu_info()
     if cpu.native_bf16:
         native = next(flag for flag in BF16_FLAGS if flag in cpu.flags)
         return "bfloat16", f"the CPU has {native}"

@@ -8,6 +8,7 @@ speaks the same interface.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import uuid
@@ -16,7 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rstar.config import EngineSettings
+from rstar.config import EngineSettings, default_cache_dir
+from rstar.server.engine_defaults import (
+    EngineDefaults,
+    choose_dtype,
+    choose_eager,
+    choose_threads_bind,
+    compile_cache_dir,
+    compile_cache_present,
+    describe,
+    engine_environment,
+)
 
 log = logging.getLogger("rstar.engine")
 
@@ -70,6 +81,8 @@ class EngineStats:
     kv_cache_usage: float  # 0..1
     weight_version: int = 0
     kv_capacity_tokens: int = 0  # KV-cache room in tokens (blocks x block size); 0 where unknown
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache since start
+    prefix_cache_hits: int = 0  # of those, tokens whose KV was already cached
     failed: str | None = None  # why the engine cannot serve (it died, a reload failed, it was shut down), or None
 
 
@@ -107,52 +120,54 @@ def require_vllm():
     return AsyncLLM
 
 
-# vLLM's own CPU binding keeps one core for its front end. On a machine this small that core is a large share:
-# on 2 cores, binding both generated 1.7x faster (measured, DESIGN.md), sandbox calls and all.
-SMALL_CPU_CORES = 4
+def choose_defaults(model_dir: str | Path, settings: EngineSettings, cache_dir: Path, accelerator_kind: str) -> EngineDefaults:
+    """The engine's defaults on this machine (server/engine_defaults.py), from the facts read here."""
+    import torch
+    import vllm
+
+    from rstar.hardware import cpu_info
+
+    cpu = cpu_info()
+    dtype = choose_dtype(settings.dtype, accelerator_kind, cpu)
+    config_file = Path(model_dir) / "config.json"
+    factors = {
+        "model": str(model_dir), "config": config_file.read_text() if config_file.is_file() else None, "dtype": dtype.value,
+        "max_model_len": settings.max_model_len, "max_num_seqs": settings.max_num_seqs, "tensor_parallel_size": settings.tensor_parallel_size,
+        "vllm": vllm.__version__, "torch": torch.__version__, "accelerator": accelerator_kind, "cpu": [cpu.model, cpu.flags],
+    }
+    cache = compile_cache_dir(cache_dir, factors)
+    eager = choose_eager(settings.enforce_eager, accelerator_kind, cpu, compile_cache_present(cache))
+    if accelerator_kind == "cpu":
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        threads = choose_threads_bind(settings.cpu_threads_bind, cores, os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
+        kv_cache = f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE', settings.cpu_kv_cache_gib)} GiB"
+    else:
+        threads, kv_cache = None, f"{settings.gpu_memory_utilization:.0%} of GPU memory less the weights"
+    return EngineDefaults(dtype=dtype, eager=eager, threads_bind=threads, kv_cache=kv_cache, compile_cache=None if eager.value else cache)
 
 
-def cpu_threads_bind(setting: str) -> str | None:
-    """VLLM_CPU_OMP_THREADS_BIND for a setting: `auto` binds every usable core on small machines and
-    leaves bigger ones to vLLM's NUMA-aware default (None)."""
-    if setting != "auto":
-        return setting
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    if len(cores) > SMALL_CPU_CORES or cores != list(range(cores[0], cores[-1] + 1)):
-        return None
-    return f"{cores[0]}-{cores[-1]}" if len(cores) > 1 else str(cores[0])
-
-
-def _configure_cpu_environment(settings: EngineSettings) -> None:
-    """vLLM's CPU backend reads these at engine start; explicit environment values win."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_cache_gib))
-    if (binding := cpu_threads_bind(settings.cpu_threads_bind)) is not None:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", binding)
-    log.info("engine CPU threads: %s", os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "vLLM's default binding"))
-    # On hosts without a routable interface vLLM cannot pick an address for its internal sockets.
-    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-
-
-def choose_dtype(setting: str) -> tuple[str, str]:
-    """The engine's dtype and why: `auto` follows the hardware; an explicit bf16 where it is emulated is
-    honoured with a warning naming the cost and the better choice."""
-    from rstar.hardware import cpu_info, fast_dtype
-
-    if setting == "auto":
-        dtype, why = fast_dtype()
-        return dtype, f"{dtype} because {why}"
-    fast, _ = fast_dtype()
-    if setting in ("bfloat16", "bf16") and fast == "float32":
-        log.warning(
-            "dtype %s was asked for, but this CPU (%s) has no native bf16 and emulates it: expect generation several times slower "
-            "than with float32 (RSTAR_ENGINE__DTYPE=auto or float32)", setting, cpu_info().model,
-        )
-    return setting, f"{setting} as configured"
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]):
+    """Set for the engine's processes, which inherit them as they start; this process's environment is restored
+    after, so a later start in it chooses from the same facts."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _latest_stats_logger(holder: dict):
-    """A vLLM stat-logger factory that keeps the latest scheduler stats in `holder["scheduler"]`."""
+    """A vLLM stat-logger factory that keeps the latest scheduler stats in `holder["scheduler"]` and sums the
+    prefix cache's per-step queries and hits (prompt tokens looked up / found cached) into `holder["prefix"]`."""
     from vllm.v1.metrics.loggers import StatLoggerBase
+
+    holder["prefix"] = {"queries": 0, "hits": 0}
 
     class LatestSchedulerStats(StatLoggerBase):
         def __init__(self, vllm_config, engine_index: int = 0):
@@ -161,6 +176,9 @@ def _latest_stats_logger(holder: dict):
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
             if scheduler_stats is not None:
                 holder["scheduler"] = scheduler_stats
+                if (prefix := scheduler_stats.prefix_cache_stats) is not None:
+                    holder["prefix"]["queries"] += prefix.queries
+                    holder["prefix"]["hits"] += prefix.hits
 
         def log_engine_initialized(self):
             pass
@@ -197,20 +215,29 @@ class VllmEngine:
     tokenizer: Any
     dtype: str = ""  # what the weights run in, e.g. "bfloat16"
     model_path: str = ""  # the directory (or hub id) it started from
+    defaults: EngineDefaults | None = None  # what start-up picked on this machine, and why
     weight_version: int = 0
     _stats: dict = field(default_factory=dict)
     _failed: str | None = None
 
     @classmethod
-    async def start(cls, model_dir: str | Path, settings: EngineSettings, served_model_name: str | None = None) -> "VllmEngine":
+    async def start(
+        cls, model_dir: str | Path, settings: EngineSettings, served_model_name: str | None = None, cache_dir: Path | None = None
+    ) -> "VllmEngine":
+        """Start AsyncLLM with the defaults this machine gets (logged on one line); a compiled engine keeps its
+        compile cache under `cache_dir` (default: rstar's cache dir) so the next start loads it."""
         AsyncLLM = require_vllm()
         from vllm import AsyncEngineArgs
         from vllm.platforms import current_platform
 
-        if current_platform.is_cpu():
-            _configure_cpu_environment(settings)
-        dtype, why = choose_dtype(settings.dtype)
-        log.info("engine dtype: %s", why)
+        accelerator_kind = "cpu" if current_platform.is_cpu() else "cuda"
+        defaults = choose_defaults(model_dir, settings, cache_dir or default_cache_dir(), accelerator_kind)
+        if defaults.dtype.warning:
+            log.warning(defaults.dtype.warning)
+        compilation = {}
+        if defaults.compile_cache is not None and accelerator_kind == "cuda":
+            # Decode batches never exceed max_num_seqs; vLLM's default captures graphs up to twice that.
+            compilation["max_cudagraph_capture_size"] = settings.max_num_seqs
         # vLLM CPU crashes the whole engine ("CPU Generator does not use offset") when a request with a seed
         # is prefilled in chunks: it rewinds the request's generator, which only CUDA generators support.
         # Concurrent seeded requests with long prompts (RL rollouts; any API client sending `seed`) get
@@ -219,21 +246,27 @@ class VllmEngine:
         args = AsyncEngineArgs(
             model=str(model_dir),
             served_model_name=[served_model_name] if served_model_name else None,
-            dtype=dtype,
+            dtype=defaults.dtype.value,
             max_model_len=settings.max_model_len,
             max_num_seqs=settings.max_num_seqs,
-            enforce_eager=settings.enforce_eager,
+            enforce_eager=defaults.eager.value,
+            # The rStar system prompt is about 300 tokens of every request: its KV blocks are computed once.
+            enable_prefix_caching=True,
             seed=settings.seed,
             tensor_parallel_size=settings.tensor_parallel_size,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             logprobs_mode=settings.logprobs_mode,
             max_logprobs=20,
-            disable_log_stats=False,
+            # Our stat logger alone turns stats on (vLLM adds its Prometheus logger, which /metrics re-exports),
+            # without vLLM's per-interval logging logger.
+            disable_log_stats=True,
             worker_extension_cls=f"{WeightReloadExtension.__module__}.{WeightReloadExtension.__qualname__}",
             **whole_prefill,
+            **({"compilation_config": compilation} if compilation else {}),
         )
         holder: dict = {}
-        llm = AsyncLLM.from_engine_args(args, stat_loggers=[_latest_stats_logger(holder)])
+        with _environment(engine_environment(defaults, accelerator_kind, settings.cpu_kv_cache_gib, os.environ)):
+            llm = AsyncLLM.from_engine_args(args, stat_loggers=[_latest_stats_logger(holder)])
         engine = cls(
             llm=llm,
             model_name=served_model_name or str(model_dir),
@@ -241,8 +274,10 @@ class VllmEngine:
             tokenizer=llm.get_tokenizer(),
             dtype=str(llm.model_config.dtype).removeprefix("torch."),
             model_path=str(model_dir),
+            defaults=dataclasses.replace(defaults, kv_cache=f"{defaults.kv_cache}, {_kv_cache_tokens(llm)} tokens"),
             _stats=holder,
         )
+        log.info(describe(engine.defaults))
         # vLLM keeps a traceback that runs through this frame (an exception it catches while starting); the
         # frame's `llm` would then keep AsyncLLM alive past shutdown(), to interpreter exit, where its
         # finalizer fails noisily because the modules it needs are gone.
@@ -348,6 +383,8 @@ class VllmEngine:
             kv_cache_usage=scheduler.kv_cache_usage if scheduler else 0.0,
             weight_version=self.weight_version,
             kv_capacity_tokens=self.kv_capacity_tokens(),
+            prefix_cache_queries=self._stats["prefix"]["queries"],
+            prefix_cache_hits=self._stats["prefix"]["hits"],
         )
 
     def kv_capacity_tokens(self) -> int:
@@ -384,6 +421,11 @@ class VllmEngine:
             self.llm.shutdown()
             self.llm = None
         self._failed = "the engine has been shut down"
+
+
+def _kv_cache_tokens(llm) -> int:
+    cache = llm.vllm_config.cache_config
+    return (cache.num_gpu_blocks or 0) * cache.block_size
 
 
 def _sampled_logprobs(completion) -> list[float]:

@@ -19,7 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rstar.server.engine import TokenEngine
+from rstar.server.engine import EngineStats, TokenEngine
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -56,10 +56,19 @@ class ServerMetrics:
         running.set_function(lambda: engine.stats().running)
         waiting.set_function(lambda: engine.stats().waiting)
         kv_usage.set_function(lambda: engine.stats().kv_cache_usage)
+        # The rStar system prompt is ~300 tokens of every request: this says whether the prefix cache absorbs it.
+        prefix_hit_rate = Gauge(
+            "rstar_engine_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / prompt tokens looked up, since start.", registry=registry
+        )
+        prefix_hit_rate.set_function(lambda: prefix_cache_hit_rate(engine.stats()))
 
     def render(self) -> bytes:
         """Our metrics, then the process-wide registry's (vLLM's engine metrics where a vLLM engine runs)."""
         return generate_latest(self.registry) + generate_latest(REGISTRY)
+
+
+def prefix_cache_hit_rate(stats: EngineStats) -> float:
+    return stats.prefix_cache_hits / stats.prefix_cache_queries if stats.prefix_cache_queries else 0.0
 
 
 class RequestCounter:

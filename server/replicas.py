@@ -92,14 +92,15 @@ def require_ray():
 class EngineActor:
     """Runs inside a Ray actor (async: many generations at once): one VllmEngine, started by `start`."""
 
-    def __init__(self, model_dir: str, settings: dict, served_model_name: str | None) -> None:
+    def __init__(self, model_dir: str, settings: dict, served_model_name: str | None, cache_dir: str | None) -> None:
         self._model_dir = model_dir
         self._settings = EngineSettings(**settings)
         self._served_model_name = served_model_name
+        self._cache_dir = Path(cache_dir) if cache_dir else None
         self.engine: VllmEngine | None = None
 
     async def start(self) -> ReplicaInfo:
-        self.engine = await VllmEngine.start(self._model_dir, self._settings, self._served_model_name)
+        self.engine = await VllmEngine.start(self._model_dir, self._settings, self._served_model_name, cache_dir=self._cache_dir)
         return ReplicaInfo(max_model_len=self.engine.max_model_len, dtype=self.engine.dtype)
 
     async def generate(self, prompt_ids: list[int], options: SamplingOptions, request_id: str):
@@ -223,8 +224,11 @@ def replica_actor_options(settings: EngineSettings, on_gpu: bool, cores: Sequenc
     ]
 
 
-async def start_ray_replicas(model_dir: str | Path, settings: EngineSettings, served_model_name: str | None = None) -> "ReplicatedEngine":
-    """`settings.replicas` engines as Ray actors (on the cluster at `settings.ray_address`, or a local Ray)."""
+async def start_ray_replicas(
+    model_dir: str | Path, settings: EngineSettings, served_model_name: str | None = None, cache_dir: Path | None = None
+) -> "ReplicatedEngine":
+    """`settings.replicas` engines as Ray actors (on the cluster at `settings.ray_address`, or a local Ray); each
+    keeps its compile cache under `cache_dir` (a path every node sees, or each node's own)."""
     ray = require_ray()
     from vllm.tokenizers import get_tokenizer
 
@@ -235,7 +239,7 @@ async def start_ray_replicas(model_dir: str | Path, settings: EngineSettings, se
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     options = replica_actor_options(settings, on_gpu=on_gpu, cores=cores)
     actor_class = ray.remote(EngineActor)
-    actor_args = (str(model_dir), settings.model_dump(), served_model_name)
+    actor_args = (str(model_dir), settings.model_dump(), served_model_name, str(cache_dir) if cache_dir else None)
     started = itertools.count()
 
     def new_replica(index: int) -> Replica:
@@ -254,11 +258,13 @@ def wants_replicas(settings: EngineSettings) -> bool:
     return settings.replicas > 1 or settings.ray_address is not None
 
 
-async def start_engine(model_dir: str | Path, settings: EngineSettings, served_model_name: str | None = None) -> TokenEngine:
+async def start_engine(
+    model_dir: str | Path, settings: EngineSettings, served_model_name: str | None = None, cache_dir: Path | None = None
+) -> TokenEngine:
     """The engine the settings ask for: `settings.replicas` behind a router, or the one in-process engine."""
     if wants_replicas(settings):
-        return await start_ray_replicas(model_dir, settings, served_model_name)
-    return await VllmEngine.start(model_dir, settings, served_model_name)
+        return await start_ray_replicas(model_dir, settings, served_model_name, cache_dir)
+    return await VllmEngine.start(model_dir, settings, served_model_name, cache_dir=cache_dir)
 
 
 # --- in process ---------------------------------------------------------------------------------------------

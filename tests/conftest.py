@@ -77,7 +77,8 @@ def loop_thread():
 def engine(default_model_dir, loop_thread):
     from rstar.server.engine import VllmEngine
 
-    engine = loop_thread.run(VllmEngine.start(default_model_dir, EngineSettings(max_model_len=8192, max_num_seqs=16), DEFAULT_MODEL_NAME))
+    # Tests check behaviour, not speed: eager starts in about a minute where compiling takes several.
+    engine = loop_thread.run(VllmEngine.start(default_model_dir, EngineSettings(max_model_len=8192, max_num_seqs=16, enforce_eager=True), DEFAULT_MODEL_NAME))
     yield engine
     loop_thread.run(engine.shutdown())
 

@@ -258,3 +258,36 @@ def test_the_pulled_default_answers_a_held_out_problem_with_a_cell_that_ran(live
     message = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": problem.problem}], max_tokens=512, temperature=0).choices[0].message
     assert message.code_cells and message.code_cells[0]["status"] == "ok", message
     assert extract_answer(message.content) == problem.answer == message.code_cells[-1]["stdout"].strip()
+
+
+def test_prefix_cache_absorbs_the_shared_tool_prompt(live_server, engine):
+    """Two requests with the tool prompt on (the default) share its ~300 tokens: the second finds at least every
+    full KV block of that shared prefix in the cache, as /health reports."""
+    from rstar.server.chat_template import choose_template
+
+    template = choose_template(engine.tokenizer, DEFAULT_MODEL_NAME)
+    conversations = [[{"role": "user", "content": f"What is {n} squared?"}] for n in (17, 23)]
+    prompts = [template.encode(messages, builtin_tool_schemas()) for messages in conversations]
+    shared = next(i for i, (a, b) in enumerate(zip(*prompts)) if a != b)
+    block = engine.llm.vllm_config.cache_config.block_size
+    assert shared >= 256, f"the tool prompt should be most of the prompt, shared {shared} tokens"
+
+    def ask(messages) -> int:
+        body = {"model": DEFAULT_MODEL_NAME, "messages": messages, "max_tokens": 1, "temperature": 0, "store": False}
+        response = httpx.post(f"{live_server.base_url}/v1/chat/completions", json=body, timeout=120)
+        response.raise_for_status()
+        return response.json()["usage"]["prompt_tokens"]
+
+    def hits() -> int:
+        return httpx.get(f"{live_server.base_url}/health", timeout=10).json()["engine"]["prefix_cache_hits"]
+
+    assert ask(conversations[0]) == len(prompts[0])  # the server's prompt is the one measured here
+    before = hits()
+    assert ask(conversations[1]) == len(prompts[1])
+    deadline = time.time() + 5  # the engine's stats arrive with its step outputs; allow them a moment
+    while hits() - before < shared // block * block and time.time() < deadline:
+        time.sleep(0.1)
+    assert hits() - before >= shared // block * block
+    metrics = httpx.get(f"{live_server.base_url}/metrics", timeout=10).text
+    rate = next(float(line.split()[1]) for line in metrics.splitlines() if line.startswith("rstar_engine_prefix_cache_hit_rate "))
+    assert 0 < rate <= 1

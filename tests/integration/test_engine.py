@@ -133,7 +133,7 @@ def test_shutdown_leaves_no_engine_process(default_model_dir, loop_thread, promp
         return {p.pid for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM::") and p.status() != psutil.STATUS_ZOMBIE}
 
     others = vllm_children()  # the module's engine
-    engine = loop_thread.run(VllmEngine.start(default_model_dir, EngineSettings(max_model_len=512, max_num_seqs=2)))
+    engine = loop_thread.run(VllmEngine.start(default_model_dir, EngineSettings(max_model_len=512, max_num_seqs=2, enforce_eager=True)))
     ours = vllm_children() - others
     assert ours, "the engine core runs in child processes"
     loop_thread.run(engine.shutdown())

@@ -64,7 +64,8 @@ def kill_actor(cluster: RayCluster, name: str) -> None:
 def replicated_server(tmp_path_factory, default_model_dir, ray_cluster):
     port = free_port()
     data_dir = tmp_path_factory.mktemp("replicas-data")
-    env = {**ray_cluster.env, "RSTAR_DATA_DIR": str(data_dir), "RSTAR_ENGINE__MAX_MODEL_LEN": "2048", "RSTAR_ENGINE__CPU_KV_CACHE_GIB": "1"}
+    env = {**ray_cluster.env, "RSTAR_DATA_DIR": str(data_dir), "RSTAR_ENGINE__MAX_MODEL_LEN": "2048", "RSTAR_ENGINE__CPU_KV_CACHE_GIB": "1",
+           "RSTAR_ENGINE__ENFORCE_EAGER": "true"}  # replicas and their failures are the subject; test_serve_cli starts the compiled default
     base_url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "rstar.cli", "serve", "--port", str(port), "--replicas", "2", "--ray-address", ray_cluster.address]
     process = start_logged(command, env, data_dir / "serve.log", f"{base_url}/health")

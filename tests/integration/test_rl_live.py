@@ -148,7 +148,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_pat
     data = write_problems(tmp_path / "problems.jsonl")
     db = tmp_path / "rstar.db"
     env = {**os.environ, "RSTAR_DATA_DIR": str(tmp_path / "data"), "RSTAR_DATABASE_URL": f"sqlite:///{db}",
-           "RSTAR_ENGINE__MAX_MODEL_LEN": "2048", "RSTAR_SANDBOX__UID_BASE": "64800", "COLUMNS": "200"}
+           "RSTAR_ENGINE__MAX_MODEL_LEN": "2048", "RSTAR_ENGINE__ENFORCE_EAGER": "true", "RSTAR_SANDBOX__UID_BASE": "64800", "COLUMNS": "200"}
     command = [sys.executable, "-m", "rstar.cli", "rl", "train", str(recipe), "--data", str(data), "--run-id", "killed"]
     first = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     run_dir = tmp_path / "data" / "rl_runs" / "killed"

@@ -16,7 +16,9 @@ import pytest
 from tests.conftest import DEFAULT_MODEL_NAME
 from sqlalchemy import select
 
+from rstar.hardware import accelerator, cpu_info
 from rstar.server.db import Conversation, open_database
+from rstar.server.engine_defaults import choose_eager
 from tests.processes import free_port, wait_until_serving
 
 
@@ -48,6 +50,8 @@ def rstar_serve(tmp_path_factory, default_model_dir, sandbox_service):
     """`rstar serve --sandbox-url` against the separately started sandbox service."""
     port = free_port()
     data_dir = tmp_path_factory.mktemp("serve-data")
+    # The engine defaults the README's `rstar serve` gets (compiled where the CPU vectorizes: about 95 s on a first
+    # start here, 30 s once its compile cache exists), so the default path is the tested one.
     env = {**os.environ, "RSTAR_DATA_DIR": str(data_dir), "RSTAR_ENGINE__MAX_MODEL_LEN": "2048"}
     base_url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "rstar.cli", "serve", "--port", str(port), "--sandbox-url", sandbox_service]
@@ -128,7 +132,12 @@ def test_second_server_on_the_same_port_fails_fast(rstar_serve):
 
 def test_serve_prints_and_serves_the_ui(rstar_serve):
     _, base_url, data_dir = rstar_serve
-    assert f"UI at {base_url}/ui" in (data_dir / "serve.log").read_text()
+    log = (data_dir / "serve.log").read_text()
+    assert f"UI at {base_url}/ui" in log
+    defaults = [line for line in log.splitlines() if "engine defaults: " in line]
+    assert len(defaults) == 1  # one line with every choice and its reason
+    eager = choose_eager("auto", accelerator(), cpu_info(), compile_cache_present=False).value
+    assert ("eager" if eager else "compiled") in defaults[0]
     page = httpx.get(f"{base_url}/ui", follow_redirects=True, timeout=30)
     assert page.status_code == 200 and "<!doctype html>" in page.text.lower()
     # The page's layout is the rstar UI (its chat and eval components), not some other Gradio app.

@@ -247,6 +247,15 @@ def test_metrics_count_requests_tokens_and_tool_calls(make_server):
     assert 'rstar_requests_total{route="/v1/chat/completions",status="404"} 1.0' in text
     assert "rstar_time_to_first_token_seconds_count 1.0" in text
     assert "rstar_sandbox_failures_total 0.0" in text
+    assert "rstar_engine_prefix_cache_hit_rate 0.0" in text  # the scripted engine looks nothing up
+
+
+def test_prefix_cache_hit_rate_is_hits_over_queries():
+    from rstar.server.engine import EngineStats
+    from rstar.server.metrics import prefix_cache_hit_rate
+
+    assert prefix_cache_hit_rate(EngineStats(0, 0, 0, 0.0, prefix_cache_queries=400, prefix_cache_hits=304)) == 0.76
+    assert prefix_cache_hit_rate(EngineStats(0, 0, 0, 0.0)) == 0.0
 
 
 def test_sandbox_failures_are_counted(make_server):

@@ -31,6 +31,19 @@ def test_cli_overrides_beat_environment_and_none_means_not_given(monkeypatch):
     assert (settings.engine.max_model_len, settings.engine.dtype) == (1024, "float32")
 
 
+@pytest.mark.parametrize(("value", "expected"), [("true", True), ("false", False), ("auto", "auto"), (None, "auto")])
+def test_enforce_eager_is_true_false_or_auto(monkeypatch, value, expected):
+    if value is not None:
+        monkeypatch.setenv("RSTAR_ENGINE__ENFORCE_EAGER", value)
+    assert load_settings().engine.enforce_eager == expected
+
+
+def test_enforce_eager_refuses_other_words(monkeypatch):
+    monkeypatch.setenv("RSTAR_ENGINE__ENFORCE_EAGER", "sometimes")
+    with pytest.raises(SettingsInvalid, match="RSTAR_ENGINE__ENFORCE_EAGER"):
+        load_settings()
+
+
 def test_unknown_setting_is_rejected(monkeypatch):
     with pytest.raises(SettingsInvalid, match="no_such_knob"):
         load_settings(no_such_knob=1)
