@@ -7,8 +7,11 @@ Per worker slot it keeps one *spare*: a child forked ahead of time that has alre
 set its rlimits, dropped to the slot's uid and loaded Landlock and seccomp, and now blocks reading its job
 pipe. A call therefore costs one pipe write plus the cell itself. The zygote reads the child's stdout and
 stderr as they come (a byte cap stops a flood), enforces the wall deadline, and answers as soon as the child
-reports done; killing the process group, sweeping the uid and wiping the scratch dir happen after the
-answer is sent, and the used slot's next spare is forked while another cell runs or the loop is idle.
+reports done; killing the process group and wiping the scratch dir happen after the answer is sent, and
+the used slot's next spare is forked while another cell runs or the loop is idle. seccomp denies setsid and
+setpgid, so a cell's descendants cannot leave its process group and one killpg ends them all; a sweep of the
+cell uids for processes outside every live group runs only every few seconds, as a safety net (and after
+each cell when seccomp is off).
 
 This module owns the start-up (preload, probe, the ready report) and the event loop: control frames, which
 slot serves a call, when spares are replaced, deadlines, reaping and sending answers. The pieces it drives:
@@ -41,6 +44,7 @@ from .streams import Streams
 
 PR_SET_CHILD_SUBREAPER = 36
 IDLE_CLEAN_S = 0.001  # no event for this long: time to fork the next spare
+STRAY_SWEEP_S = 5.0  # how often the uid sweep behind killpg runs
 CONTROL_IN, CONTROL_OUT = 0, 1
 # Fields of a run request that the child needs; the rest (id, session, op) are the zygote's.
 JOB_FIELDS = ("kind", "code", "history", "stdin", "response", "gold", "protocol", "timeout_s")
@@ -64,6 +68,9 @@ class Zygote:
         self.sessions = SessionTable(int(cfg["max_sessions"]), float(cfg["session_ttl_s"]))
         self.running = True
         self.released_memory_note = ""
+        # seccomp denies setsid/setpgid: nothing a cell starts can leave its process group, so killpg is complete.
+        self.groups_sealed = self.setup.seccomp is not None
+        self.last_sweep = time.monotonic()
 
     # ------------------------------------------------------------------------------------ set-up
     def preload(self) -> None:
@@ -157,6 +164,7 @@ class Zygote:
             self.reap()
             self.check_deadlines()
             self.maybe_clean(idle=not events)
+            self.sweep_strays()
         for child in [job.child for job in self.busy.values()] + [s.child for s in self.sessions.by_id.values()]:
             self.destroy(child)
         for child in self.spares.values():
@@ -357,17 +365,31 @@ class Zygote:
         self.dirty[slot] = time.monotonic()
 
     def destroy(self, child: Child) -> None:
-        """Kill everything the child started. killpg covers its process group (seccomp denies leaving it);
-        the uid sweep catches anything that got out anyway (only possible without seccomp)."""
+        """Kill everything the child started: its process group, and without seccomp (when a cell can leave
+        its group) everything running as its uid."""
         procs.kill_group(child.pid)
-        if child.uid is not None:
+        if child.uid is not None and not self.groups_sealed:
             procs.kill_uid(child.uid)
         if child.pid in self.children:
             self.killed.add(child.pid)
         self.streams.close(child)
 
-    def process_table(self) -> list[dict]:
-        """Every process in our pid namespace that runs as a cell uid, for /health and leak tests."""
+    def sweep_strays(self) -> None:
+        """The safety net behind killpg when groups are sealed: every STRAY_SWEEP_S, kill cell-uid processes
+        outside the group of every live child (or of one being killed). Finding one means a way out of the group exists: say so."""
+        now = time.monotonic()
+        if not (self.drop_uid and self.groups_sealed) or now - self.last_sweep < STRAY_SWEEP_S:
+            return
+        self.last_sweep = now
+        strays = procs.kill_strays(self.uid_base, self.uid_count(), set(self.live_children()) | self.killed)
+        if strays:
+            print(f"killed {len(strays)} cell processes outside their cell's process group: {strays}", file=sys.stderr)
+
+    def uid_count(self) -> int:
+        return self.slots + int(self.cfg["max_sessions"])
+
+    def live_children(self) -> dict[int, str]:
+        """pid -> role of every child the zygote holds (each one leads its own process group)."""
         roles = {}
         for child in self.spares.values():
             if child is not None:
@@ -376,8 +398,13 @@ class Zygote:
             roles[job.child.pid] = "running"
         for session in self.sessions.by_id.values():
             roles[session.child.pid] = "session"
+        return roles
+
+    def process_table(self) -> list[dict]:
+        """Every process in our pid namespace that runs as a cell uid, for /health and leak tests."""
+        roles = self.live_children()
         table = []
-        for pid, uid, state in procs.cell_processes(self.uid_base, self.slots + int(self.cfg["max_sessions"])):
+        for pid, uid, state in procs.cell_processes(self.uid_base, self.uid_count()):
             role = "exiting" if state in ("Z", "X") or pid in self.killed else roles.get(pid, "stray")
             table.append({"pid": pid, "uid": uid, "role": role})
         if not self.drop_uid:  # no uids to look for: list what we track
