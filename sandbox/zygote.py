@@ -45,7 +45,9 @@ from .streams import Streams
 PR_SET_CHILD_SUBREAPER = 36
 IDLE_CLEAN_S = 0.001  # no event for this long: time to fork the next spare
 STRAY_SWEEP_S = 5.0  # how often the uid sweep behind killpg runs
-CONTROL_IN, CONTROL_OUT = 0, 1
+CONTROL_IN, CONTROL_OUT = 0, 1  # CONTROL_OUT blocks: an answer is written whole
+# Below glibc's mmap threshold: a larger read buffer is mapped and unmapped again on every control message.
+CONTROL_CHUNK = 64 * 1024
 # Fields of a run request that the child needs; the rest (id, session, op) are the zygote's.
 JOB_FIELDS = ("kind", "code", "history", "stdin", "response", "gold", "protocol", "timeout_s")
 
@@ -110,7 +112,6 @@ class Zygote:
     def probe(self) -> dict:
         """Run a probe job in a hardened child and describe the layers that are really in force."""
         child = self.spawn(self.slot_uid(0), f"{self.cfg['scratch_root']}/slot0", False, int(self.cfg["cpu_s"]))
-        os.set_blocking(child.job, True)
         protocol.write_frame(child.job, {"kind": "probe", "cpu_s": 5})
         os.set_blocking(child.status, True)
         raw = b""
@@ -181,7 +182,7 @@ class Zygote:
 
     def on_control(self) -> None:
         try:
-            data = os.read(CONTROL_IN, 1 << 20)
+            data = os.read(CONTROL_IN, CONTROL_CHUNK)
         except BlockingIOError:
             return
         if not data:
@@ -201,7 +202,6 @@ class Zygote:
                 self.running = False
 
     def send(self, message: dict) -> None:
-        os.set_blocking(CONTROL_OUT, True)
         protocol.write_frame(CONTROL_OUT, message)
 
     # ------------------------------------------------------------------------------- scheduling
@@ -237,7 +237,6 @@ class Zygote:
         payload = {key: request.get(key) for key in JOB_FIELDS}
         payload["cpu_s"] = max(1, int(float(request["timeout_s"]) + 1))
         try:
-            os.set_blocking(job.child.job, True)
             protocol.write_frame(job.child.job, payload)
         except OSError:
             pass  # the child died while hardening; its status message or exit says why
@@ -432,6 +431,7 @@ def main() -> None:
     for key, value in cfg.get("thread_env", {}).items():
         os.environ[key] = value  # BLAS thread counts must be set before numpy loads its library
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    os.set_blocking(CONTROL_OUT, True)
     sys.stdout = sys.stderr  # fd 1 carries protocol frames: a stray print from a library must not land there
     zygote = Zygote(cfg)
     started = time.monotonic()
