@@ -71,7 +71,7 @@ class Zygote:
         self.running = True
         self.released_memory_note = ""
         # seccomp denies setsid/setpgid: nothing a cell starts can leave its process group, so killpg is complete.
-        self.groups_sealed = self.setup.seccomp is not None
+        self.groups_sealed = bool(cfg["groups_sealed"])
         self.last_sweep = time.monotonic()
 
     # ------------------------------------------------------------------------------------ set-up
