@@ -97,7 +97,8 @@ def prepare_scratch(path: str, uid: int | None) -> None:
 
 
 def fork_child(setup: ChildSetup, uid: int | None, scratch: str, persistent: bool, cpu_s: int, now: float) -> Child:
-    """Fork a child that hardens itself and waits for work; the caller gets non-blocking pipe ends."""
+    """Fork a child that hardens itself and waits for work; the caller gets non-blocking ends of its output and
+status pipes and the blocking write end of its job pipe."""
     prepare_scratch(scratch, uid)
     ruleset = setup.landlock_ruleset(scratch)
     out_r, out_w = os.pipe()
@@ -112,9 +113,8 @@ def fork_child(setup: ChildSetup, uid: int | None, scratch: str, persistent: boo
         _child_main(setup, ends, uid, scratch, persistent, cpu_s)
     for fd in (out_w, err_w, job_r, st_w):
         os.close(fd)
-    for fd in (out_r, err_r, st_r, job_w):
+    for fd in (out_r, err_r, st_r):  # os.pipe fds are already non-inheritable; the job pipe stays blocking
         os.set_blocking(fd, False)
-        os.set_inheritable(fd, False)
     return Child(pid, uid, scratch, out_r, err_r, job_w, st_r, now)
 
 

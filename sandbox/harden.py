@@ -38,12 +38,13 @@ CLONE_NAMESPACE_FLAGS = {
     "CLONE_NEWNET": 0x40000000,
 }
 
+# Leaving the process group: with both denied, one killpg ends everything a cell started.
+GROUP_SYSCALLS = ("setsid", "setpgid")
 # Denied with EPERM. Grouped by what they would let a cell do.
 DENIED_SYSCALLS = (
     # network (the netns is a second layer; AF_UNIX socketpair stays allowed, it reaches nothing)
     "socket",
-    # leaving the process group, which is how the wall timeout kills everything a cell started
-    "setsid", "setpgid",
+    *GROUP_SYSCALLS,
     # inspecting or steering other processes
     "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd",
     # changing the filesystem view or namespaces

@@ -129,6 +129,8 @@ def plan(settings: SandboxSettings, host: HostReport) -> LaunchPlan:
         "env": dict(CELL_ENV),
         "thread_env": dict(THREAD_ENV),
         "seccomp_bpf": host.seccomp_bpf.hex() if isolated and host.seccomp_bpf else None,
+        "groups_sealed": bool(isolated and host.seccomp_bpf
+                              and not set(harden.GROUP_SYSCALLS) & set(host.seccomp_skipped)),
         "landlock": None,
     }
     if not isolated:

@@ -1,7 +1,8 @@
 """Cell processes seen through /proc, and killing them: the one piece both sides of the sandbox use.
 
-The zygote sweeps a slot's uid after each call and lists cell processes for `ps`; on the host, tests and
-benchmarks use `cell_processes` to check that no cell process outlived its pool. Standard library only, so
+The zygote kills what a cell left (its process group, and without seccomp its uid) and lists cell processes
+for `ps`; on the host, tests and benchmarks use `cell_processes` to check that no cell process outlived its
+pool. Standard library only, so
 importing it on the host pulls in nothing that runs inside the sandbox.
 """
 
@@ -51,7 +52,29 @@ def kill_group(pgid: int) -> None:
 
 def kill_uid(uid: int) -> None:
     for pid, _, _ in cell_processes(uid, 1):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill(pid)
+
+
+def process_group(pid: int) -> int | None:
+    """The process group of `pid` (the field after state and ppid in /proc/PID/stat), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[2])  # comm, in parentheses, may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def kill_strays(uid_base: int, count: int, groups: set[int]) -> list[int]:
+    """Kill every process with a uid in [uid_base, uid_base + count) outside the process groups `groups`;
+    returns their pids."""
+    strays = [pid for pid, _, _ in cell_processes(uid_base, count) if process_group(pid) not in groups]
+    for pid in strays:
+        _kill(pid)
+    return strays
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

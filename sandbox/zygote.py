@@ -7,8 +7,11 @@ Per worker slot it keeps one *spare*: a child forked ahead of time that has alre
 set its rlimits, dropped to the slot's uid and loaded Landlock and seccomp, and now blocks reading its job
 pipe. A call therefore costs one pipe write plus the cell itself. The zygote reads the child's stdout and
 stderr as they come (a byte cap stops a flood), enforces the wall deadline, and answers as soon as the child
-reports done; killing the process group, sweeping the uid and wiping the scratch dir happen after the
-answer is sent, and the used slot's next spare is forked while another cell runs or the loop is idle.
+reports done; killing the process group and wiping the scratch dir happen after the answer is sent, and
+the used slot's next spare is forked while another cell runs or the loop is idle. seccomp denies setsid and
+setpgid, so a cell's descendants cannot leave its process group and one killpg ends them all; a sweep of the
+cell uids for processes outside every live group runs only every few seconds, as a safety net (and after
+each cell when seccomp is off).
 
 This module owns the start-up (preload, probe, the ready report) and the event loop: control frames, which
 slot serves a call, when spares are replaced, deadlines, reaping and sending answers. The pieces it drives:
@@ -41,7 +44,10 @@ from .streams import Streams
 
 PR_SET_CHILD_SUBREAPER = 36
 IDLE_CLEAN_S = 0.001  # no event for this long: time to fork the next spare
-CONTROL_IN, CONTROL_OUT = 0, 1
+STRAY_SWEEP_S = 5.0  # how often the uid sweep behind killpg runs
+CONTROL_IN, CONTROL_OUT = 0, 1  # CONTROL_OUT blocks: an answer is written whole
+# Below glibc's mmap threshold: a larger read buffer is mapped and unmapped again on every control message.
+CONTROL_CHUNK = 64 * 1024
 # Fields of a run request that the child needs; the rest (id, session, op) are the zygote's.
 JOB_FIELDS = ("kind", "code", "history", "stdin", "response", "gold", "protocol", "timeout_s")
 
@@ -64,6 +70,9 @@ class Zygote:
         self.sessions = SessionTable(int(cfg["max_sessions"]), float(cfg["session_ttl_s"]))
         self.running = True
         self.released_memory_note = ""
+        # seccomp denies setsid/setpgid: nothing a cell starts can leave its process group, so killpg is complete.
+        self.groups_sealed = bool(cfg["groups_sealed"])
+        self.last_sweep = time.monotonic()
 
     # ------------------------------------------------------------------------------------ set-up
     def preload(self) -> None:
@@ -103,7 +112,6 @@ class Zygote:
     def probe(self) -> dict:
         """Run a probe job in a hardened child and describe the layers that are really in force."""
         child = self.spawn(self.slot_uid(0), f"{self.cfg['scratch_root']}/slot0", False, int(self.cfg["cpu_s"]))
-        os.set_blocking(child.job, True)
         protocol.write_frame(child.job, {"kind": "probe", "cpu_s": 5})
         os.set_blocking(child.status, True)
         raw = b""
@@ -157,6 +165,7 @@ class Zygote:
             self.reap()
             self.check_deadlines()
             self.maybe_clean(idle=not events)
+            self.sweep_strays()
         for child in [job.child for job in self.busy.values()] + [s.child for s in self.sessions.by_id.values()]:
             self.destroy(child)
         for child in self.spares.values():
@@ -173,7 +182,7 @@ class Zygote:
 
     def on_control(self) -> None:
         try:
-            data = os.read(CONTROL_IN, 1 << 20)
+            data = os.read(CONTROL_IN, CONTROL_CHUNK)
         except BlockingIOError:
             return
         if not data:
@@ -193,7 +202,6 @@ class Zygote:
                 self.running = False
 
     def send(self, message: dict) -> None:
-        os.set_blocking(CONTROL_OUT, True)
         protocol.write_frame(CONTROL_OUT, message)
 
     # ------------------------------------------------------------------------------- scheduling
@@ -229,7 +237,6 @@ class Zygote:
         payload = {key: request.get(key) for key in JOB_FIELDS}
         payload["cpu_s"] = max(1, int(float(request["timeout_s"]) + 1))
         try:
-            os.set_blocking(job.child.job, True)
             protocol.write_frame(job.child.job, payload)
         except OSError:
             pass  # the child died while hardening; its status message or exit says why
@@ -357,17 +364,31 @@ class Zygote:
         self.dirty[slot] = time.monotonic()
 
     def destroy(self, child: Child) -> None:
-        """Kill everything the child started. killpg covers its process group (seccomp denies leaving it);
-        the uid sweep catches anything that got out anyway (only possible without seccomp)."""
+        """Kill everything the child started: its process group, and without seccomp (when a cell can leave
+        its group) everything running as its uid."""
         procs.kill_group(child.pid)
-        if child.uid is not None:
+        if child.uid is not None and not self.groups_sealed:
             procs.kill_uid(child.uid)
         if child.pid in self.children:
             self.killed.add(child.pid)
         self.streams.close(child)
 
-    def process_table(self) -> list[dict]:
-        """Every process in our pid namespace that runs as a cell uid, for /health and leak tests."""
+    def sweep_strays(self) -> None:
+        """The safety net behind killpg when groups are sealed: every STRAY_SWEEP_S, kill cell-uid processes
+        outside the group of every live child (or of one being killed). Finding one means a way out of the group exists: say so."""
+        now = time.monotonic()
+        if not (self.drop_uid and self.groups_sealed) or now - self.last_sweep < STRAY_SWEEP_S:
+            return
+        self.last_sweep = now
+        strays = procs.kill_strays(self.uid_base, self.uid_count(), set(self.live_children()) | self.killed)
+        if strays:
+            print(f"killed {len(strays)} cell processes outside their cell's process group: {strays}", file=sys.stderr)
+
+    def uid_count(self) -> int:
+        return self.slots + int(self.cfg["max_sessions"])
+
+    def live_children(self) -> dict[int, str]:
+        """pid -> role of every child the zygote holds (each one leads its own process group)."""
         roles = {}
         for child in self.spares.values():
             if child is not None:
@@ -376,8 +397,13 @@ class Zygote:
             roles[job.child.pid] = "running"
         for session in self.sessions.by_id.values():
             roles[session.child.pid] = "session"
+        return roles
+
+    def process_table(self) -> list[dict]:
+        """Every process in our pid namespace that runs as a cell uid, for /health and leak tests."""
+        roles = self.live_children()
         table = []
-        for pid, uid, state in procs.cell_processes(self.uid_base, self.slots + int(self.cfg["max_sessions"])):
+        for pid, uid, state in procs.cell_processes(self.uid_base, self.uid_count()):
             role = "exiting" if state in ("Z", "X") or pid in self.killed else roles.get(pid, "stray")
             table.append({"pid": pid, "uid": uid, "role": role})
         if not self.drop_uid:  # no uids to look for: list what we track
@@ -405,6 +431,7 @@ def main() -> None:
     for key, value in cfg.get("thread_env", {}).items():
         os.environ[key] = value  # BLAS thread counts must be set before numpy loads its library
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    os.set_blocking(CONTROL_OUT, True)
     sys.stdout = sys.stderr  # fd 1 carries protocol frames: a stray print from a library must not land there
     zygote = Zygote(cfg)
     started = time.monotonic()

@@ -124,6 +124,48 @@ def test_background_process_outliving_the_cell_is_killed(sandbox_pool):
     assert [p for p in sandbox_pool.settled_processes() if p["role"] not in ("spare", "session")] == []
 
 
+# Every way this cell knows to start a process that could outlive it: each descendant reports its process group
+# through a pipe, then sleeps. The zygote ends a cell with one killpg (the uid sweep is only a periodic safety
+# net), so all of them must still be in the cell's group.
+ESCAPE_THE_GROUP = """
+import ctypes, multiprocessing, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+group = os.getpgrp()
+report_r, report = os.pipe()
+
+def linger(how):
+    for attempt in (os.setsid, lambda: os.setpgid(0, 0), lambda: os.setpgid(0, 1)):
+        try:
+            attempt()
+        except OSError:
+            pass
+    os.write(report, f"{how} {os.getpgrp()}\\n".encode())
+    time.sleep(60)
+
+if os.fork() == 0:
+    linger("child")
+if os.fork() == 0:  # a daemon: the middle process exits, the grandchild is orphaned
+    if os.fork() == 0:
+        linger("daemon")
+    os._exit(0)
+if libc.syscall(56, 0x00008000 | 17, 0, 0, 0, 0) == 0:  # clone(CLONE_PARENT): a sibling, not a child
+    linger("clone_parent")
+multiprocessing.get_context("fork").Process(target=linger, args=("multiprocessing",)).start()
+seen = {}
+with os.fdopen(report_r) as lines:
+    while len(seen) < 4:
+        how, pgid = lines.readline().split()
+        seen[how] = int(pgid)
+print(sorted(seen), all(pgid == group for pgid in seen.values()))
+"""
+
+
+def test_no_descendant_leaves_the_cells_process_group(sandbox_pool):
+    r = sandbox_pool.run(ESCAPE_THE_GROUP, timeout_s=10)
+    assert r.stdout == "['child', 'clone_parent', 'daemon', 'multiprocessing'] True\n", r
+    assert [p for p in sandbox_pool.settled_processes() if p["role"] not in ("spare", "session")] == []
+
+
 def test_killing_siblings_fails(sandbox_pool):
     code = ("import os, signal\nkilled = []\nfor pid in range(1, 400):\n    if pid == os.getpid():\n        continue\n"
             "    try:\n        os.kill(pid, signal.SIGKILL)\n        killed.append(pid)\n    except OSError:\n        pass\nprint(killed)")

@@ -30,6 +30,14 @@ def test_refuses_without_seccomp():
         launch.plan(SandboxSettings(), host)
 
 
+@pytest.mark.parametrize("skipped, sealed", [([], True), (["setpgid"], False), (["setsid"], False), (["bpf"], True)])
+def test_killpg_alone_ends_a_cell_only_when_seccomp_denies_leaving_the_group(skipped, sealed):
+    host = launch.HostReport(bwrap="/usr/bin/bwrap", seccomp_bpf=b"\0" * 8, seccomp_skipped=skipped)
+    assert launch.plan(SandboxSettings(), host).config["groups_sealed"] is sealed
+    unsafe = launch.plan(SandboxSettings(unsafe_no_isolation=True), host)
+    assert unsafe.config["groups_sealed"] is False
+
+
 def test_unsafe_mode_runs_and_warns_on_every_start(caplog):
     settings = SandboxSettings(unsafe_no_isolation=True, bwrap_path="/nonexistent/bwrap", workers=1, preload=[])
 
