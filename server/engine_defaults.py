@@ -84,8 +84,8 @@ def choose_eager(setting: bool | str, accelerator_kind: str, cpu: CpuInfo, compi
         return Choice(False, "compile cache found: this start loads it")
     if cpu.cores < 2:
         return Choice(True, "one core and no compile cache: compiling would hold the only core for minutes")
-    return Choice(False, "first start compiles, later starts load the cache; 1.2-1.7x eager's tokens/s, first start 276 s "
-                         "vs 95 s eager, measured on 2 Xeon cores")
+    return Choice(False, "first start compiles (minutes on a small CPU), later starts load the cache; compiled kernels "
+                         "generate faster than eager ones (benchmarks/README.md, server_bench)")
 
 
 def compile_cache_dir(cache_dir: Path, factors: dict) -> Path:
