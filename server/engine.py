@@ -388,9 +388,7 @@ class VllmEngine:
         )
 
     def kv_capacity_tokens(self) -> int:
-        """The KV cache's size in tokens, as the engine core sized it at start-up (it reports its block count back)."""
-        cache = self.llm.vllm_config.cache_config
-        return (cache.num_gpu_blocks or 0) * cache.block_size
+        return _kv_cache_tokens(self.llm)
 
     async def reload_weights(self, weights_dir: str | Path) -> None:
         """Load new weights from a directory of safetensors files, in place, without restarting.
@@ -424,6 +422,7 @@ class VllmEngine:
 
 
 def _kv_cache_tokens(llm) -> int:
+    """The KV cache's size in tokens, as the engine core sized it at start-up (it reports its block count back)."""
     cache = llm.vllm_config.cache_config
     return (cache.num_gpu_blocks or 0) * cache.block_size
 
