@@ -2,9 +2,9 @@
 
 Each replica is a Ray actor hosting one `VllmEngine` (one per GPU, or on CPU a share of the cores each), placed on
 a local Ray or on the cluster at `ray_address`. `ReplicatedEngine` sends each generation to the replica
-`Router.choose` picks from what it knows: requests in flight per replica (counted here), free KV cache (each
-engine's stats, polled in the background, minus the prompt tokens sent since the sample) and which prompt
-prefixes each replica has seen. When every replica is full, requests wait here, not inside one engine.
+`Router.choose` picks from what it knows: requests in flight per replica (counted here), KV room (each engine's
+free KV from its stats, polled in the background, less the uncached prompt tokens sent since the sample and the
+output its generations in flight may still write) and which sequences each replica has seen. When every replica is full, requests wait here, not inside one engine.
 
 A replica that dies (its actor is gone, or its engine reports itself failed) is taken out and its prefixes
 forgotten; its generations that have streamed nothing yet go to another replica, those that have streamed fail
