@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 
 import psutil
 import pytest
@@ -12,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from rstar.config import EngineSettings
 from rstar.server.engine import EngineFailed, SamplingOptions, VllmEngine
+from tests.waiting import wait_for
 
 GREEDY = SamplingOptions(max_tokens=12, temperature=0.0, logprobs=0, ignore_eos=True)
 
@@ -59,7 +59,7 @@ def test_closing_a_stream_early_aborts_it_in_the_engine(engine, loop_thread, pro
         return got
 
     assert len(loop_thread.run(read_two_then_close())) == 2
-    _wait_for(lambda: engine.stats().unfinished == 0)
+    wait_for(lambda: engine.stats().unfinished == 0)
 
 
 def test_abort_by_request_id_ends_the_stream(engine, loop_thread, prompt_ids):
@@ -79,7 +79,7 @@ def test_abort_by_request_id_ends_the_stream(engine, loop_thread, prompt_ids):
 
     deltas = loop_thread.run(abort_midway())
     assert sum(len(d.token_ids) for d in deltas) < 500
-    _wait_for(lambda: engine.stats().unfinished == 0)
+    wait_for(lambda: engine.stats().unfinished == 0)
 
 
 def test_stats_report_running_requests_and_kv_usage(engine, loop_thread, prompt_ids):
@@ -137,20 +137,13 @@ def test_shutdown_leaves_no_engine_process(default_model_dir, loop_thread, promp
     ours = vllm_children() - others
     assert ours, "the engine core runs in child processes"
     loop_thread.run(engine.shutdown())
-    _wait_for(lambda: not (vllm_children() & ours))
+    wait_for(lambda: not (vllm_children() & ours))
     with pytest.raises(EngineFailed, match="shut down"):
         loop_thread.run(collect(engine, prompt_ids, GREEDY))
 
 
 def _greedy_logprobs(engine, loop_thread, prompt_ids) -> list[float]:
     return [lp for d in loop_thread.run(collect(engine, prompt_ids, GREEDY)) for lp in d.logprobs]
-
-
-def _wait_for(condition, timeout: float = 30) -> None:
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline, "condition not reached in time"
-        time.sleep(0.1)
 
 
 def test_many_seeded_requests_with_long_prompts_do_not_kill_the_engine(engine, loop_thread):
