@@ -174,12 +174,16 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
                     elem_id="answer-prefix",
                 )
 
-    # The stop request of each page session's running answer (Gradio's session hash -> event).
+    # The stop request of each page session's running answer (Gradio's session hash -> event); a page has at
+    # most one, so its conversation grows one exchange at a time.
     stops: dict[str, asyncio.Event] = {}
 
     async def respond(text, state, model, temperature, max_tokens, max_turns, tools, system, prefix, request: gr.Request):
         if not text.strip():
             yield gr.skip(), state, gr.skip(), "", gr.skip()
+            return
+        if request.session_hash in stops:  # the text stays in the box, to send once the answer has ended
+            yield gr.skip(), gr.skip(), gr.skip(), notice("An answer is still coming: wait for it, or press Stop, then send."), gr.skip()
             return
         payload = request_payload(state, text, model, temperature, max_tokens, max_turns, tools, system, prefix or "")
         user = {"role": "user", "content": text}
@@ -205,7 +209,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
                 elif event.kind == "finished":
                     turn.finish_reason = event.value
                 progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": shown + turn_messages(turn)}
-                yield shown + turn_messages(turn, streaming=True), progress, gr.skip(), "", gr.skip()
+                yield shown + turn_messages(turn, streaming=True), progress, gr.skip(), gr.skip(), gr.skip()
             # The server stores the exchange once the answer is complete; a stopped one may not exist there,
             # so only a finished stream's id is sent back next time.
             if not stop.is_set():
@@ -267,9 +271,14 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
 
     settings = [model, temperature, max_tokens, max_turns, tools, system, prefix]
     outputs = [chatbot, state, box, alert, answer_state]
-    # Progress shows on the chat only: the input box stays usable for the next message.
-    submitted = box.submit(respond, [box, state, *settings], outputs, show_progress_on=chatbot)
-    clicked = send.click(respond, [box, state, *settings], outputs, show_progress_on=chatbot)
+    # Progress shows on the chat only: the input box stays usable for the next message. Gradio runs one event of
+    # a listener at a time unless told otherwise; an answer mostly waits on the API, which batches answers, so
+    # every page's answer streams at once (concurrency_limit=None) instead of queueing behind other pages'.
+    # A send during an answer reaches `respond` (trigger_mode "multiple"; Gradio's "once" drops the click
+    # without a word), which says why it waits.
+    answering = dict(fn=respond, inputs=[box, state, *settings], outputs=outputs, show_progress_on=chatbot, concurrency_limit=None, trigger_mode="multiple")
+    submitted = box.submit(**answering)
+    clicked = send.click(**answering)
     for event in (submitted, clicked):
         event.then(list_conversations, conversations, [conversations, alert])
     # Stop asks the running answer to end rather than cancelling its task (Gradio's `cancels`): the answer then

@@ -85,3 +85,37 @@ def test_stop_at_any_moment_ends_the_answer_cleanly(new_page, ui_on_endless_api,
         # The partial answer stays: its reasoning block, folded once the answer ended, opens on the words.
         page.locator("#chatbot").get_by_text("Reasoning").first.click()
         page.wait_for_function("document.querySelector('#chatbot').innerText.includes('word3')", timeout=10_000)
+
+
+def test_two_pages_stream_at_once_and_a_page_sends_again_only_after_its_answer(new_page, ui_on_endless_api, endless_api):
+    """Answers are I/O on the API, which batches them: one page's answer must not queue behind another's. A page
+    holds one conversation, so a message sent while its answer streams is refused with a notice and kept."""
+    _, streams = endless_api
+    first, second = new_page(ui_on_endless_api), new_page(ui_on_endless_api)
+    signals = {}
+    for number, page in enumerate((first, second)):
+        signals[number] = answer_signal(page)
+        page.fill("#chat-input textarea", f"Count, page {number}.")
+        page.click("#send")
+    deadline = time.time() + 15
+    while streams["open"] < 2:
+        assert time.time() < deadline, f"{streams['open']} answer stream(s) open 15 s after two pages sent"
+        time.sleep(0.05)
+    first.fill("#chat-input textarea", "And again.")
+    first.click("#send")
+    first.wait_for_function("document.querySelector('#chat-notice').innerText.includes('still coming')", timeout=10_000)
+    assert first.input_value("#chat-input textarea") == "And again." and streams["open"] == 2
+    for number, page in enumerate((first, second)):
+        page.click("#stop")
+        assert wait_for_answer(page, signals[number], timeout_s=30) == "stopped"
+    deadline = time.time() + 10
+    while streams["open"]:
+        assert time.time() < deadline, f"{streams['open']} stream(s) still open 10 s after Stop on both pages"
+        time.sleep(0.05)
+    # Once the answer has ended, the kept message goes.
+    before = answer_signal(first)
+    first.click("#send")
+    first.wait_for_function("document.querySelector('#chatbot').innerText.includes('And again.')", timeout=10_000)
+    first.click("#stop")
+    assert wait_for_answer(first, before, timeout_s=30) == "stopped"
+    assert not error_shown(first) and not error_shown(second)
