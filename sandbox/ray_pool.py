@@ -1,6 +1,7 @@
 """A sandbox spread over a Ray cluster: one zygote pool per node, behind the `SandboxClient` interface.
 
-`ray.init()` starts a local Ray unless `settings.ray_address` names a cluster. Each alive node gets
+The pool joins this process's Ray (`rstar.ray_cluster`: the cluster `settings.ray_address` names, or a local
+one). Each alive node gets
 `ray_pools_per_node` actors pinned to it (NodeAffinity); each actor owns a `SandboxPool`. Calls go to the
 actor with the fewest calls in flight; a session sticks to the actor that opened it. The actors reserve no
 Ray CPUs: their cells run in the zygote's processes, which Ray does not schedule.
@@ -11,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any
+
+from rstar import ray_cluster
 
 from .pool import SandboxPool
 from .schemas import RunRequest, RunResult, VerifyResult
@@ -58,16 +61,14 @@ class RayPool:
         self.actors: list[Any] = []
         self.inflight: list[int] = []
         self.sessions: dict[str, int] = {}
-        self._owns_ray = False
+        self._joined = False
 
     async def start(self) -> "RayPool":
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        if not ray.is_initialized():
-            await asyncio.to_thread(ray.init, address=self.settings.ray_address, include_dashboard=False,
-                                    log_to_driver=False)
-            self._owns_ray = True
+        await ray_cluster.join(self.settings.ray_address)
+        self._joined = True
         actor_cls = ray.remote(num_cpus=0, max_concurrency=10_000)(NodePool)
         nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
         for node in nodes:
@@ -135,6 +136,6 @@ class RayPool:
             for actor in self.actors:
                 ray.kill(actor)
             self.actors = []
-        if self._owns_ray:
-            await asyncio.to_thread(ray.shutdown)
-            self._owns_ray = False
+        if self._joined:
+            await ray_cluster.leave()
+            self._joined = False

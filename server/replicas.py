@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rstar import ray_cluster
 from rstar.config import EngineSettings
 from rstar.server.engine import EngineFailed, EngineNotInstalled, EngineStats, SamplingOptions, TokenDelta, TokenEngine, VllmEngine
 from rstar.server.routing import NoHealthyReplica, ReplicaState, Router
@@ -230,10 +231,17 @@ async def start_ray_replicas(
     """`settings.replicas` engines as Ray actors (on the cluster at `settings.ray_address`, or a local Ray); each
     keeps its compile cache under `cache_dir` (a path every node sees, or each node's own)."""
     ray = require_ray()
+    await ray_cluster.join(settings.ray_address)
+    try:
+        return await _start_replicas_on_ray(ray, model_dir, settings, served_model_name, cache_dir)
+    except BaseException:
+        await ray_cluster.leave()
+        raise
+
+
+async def _start_replicas_on_ray(ray: Any, model_dir: str | Path, settings: EngineSettings, served_model_name: str | None, cache_dir: Path | None) -> "ReplicatedEngine":
     from vllm.tokenizers import get_tokenizer
 
-    if not ray.is_initialized():
-        await asyncio.to_thread(ray.init, address=settings.ray_address, include_dashboard=False)
     # The cluster's GPUs, not this process's: the API may run on a node without any (compose.yaml's does).
     on_gpu = ray.cluster_resources().get("GPU", 0) > 0
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
@@ -250,7 +258,7 @@ async def start_ray_replicas(
     # vLLM's own tokenizer class, as VllmEngine's engine loads it, so templates render identically.
     tokenizer = await asyncio.to_thread(get_tokenizer, str(model_dir))
     router = Router(settings.replicas, settings.routing, max_in_flight=settings.max_num_seqs)
-    return await ReplicatedEngine.start(new_replica, router, tokenizer, served_model_name or str(model_dir), str(model_dir))
+    return await ReplicatedEngine.start(new_replica, router, tokenizer, served_model_name or str(model_dir), str(model_dir), on_shutdown=ray_cluster.leave)
 
 
 def wants_replicas(settings: EngineSettings) -> bool:
@@ -401,6 +409,7 @@ class ReplicatedEngine:
     _weights_dir: str | None = None  # the latest reload, which restarted replicas load too
     _tasks: set[asyncio.Task] = field(default_factory=set)
     _closed: bool = False
+    on_shutdown: Callable[[], Awaitable[None]] | None = None  # releases what the replicas ran on (the Ray connection)
 
     @classmethod
     async def start(cls, new_replica: ReplicaFactory, router: Router, tokenizer: Any, model_name: str, model_path: str = "", **options: Any) -> "ReplicatedEngine":
@@ -624,3 +633,6 @@ class ReplicatedEngine:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(slot.replica.shutdown() for slot in self._slots), return_exceptions=True)
+        release, self.on_shutdown = self.on_shutdown, None  # once, however often shutdown is called
+        if release is not None:
+            await release()

@@ -40,3 +40,23 @@ def test_ray_pool_runs_cells_on_every_node():
     assert len(processes) == 2 and all(p["role"] in ("spare", "exiting") for table in processes for p in table)
     assert {p["uid"] // 1000 for p in processes[0]} != {p["uid"] // 1000 for p in processes[1]}  # disjoint uids
     assert not ray.is_initialized()  # the pool started the local Ray, so it shut it down
+
+
+def test_a_pool_closing_leaves_ray_running_for_its_other_users():
+    """The engine replicas and the sandbox pool join one Ray in `rstar serve`; the pool closing first must not
+    shut it down under the replicas. The last user leaving does."""
+    from rstar import ray_cluster
+
+    async def use():
+        await ray_cluster.join(None)  # another user: the engine replicas
+        client = connect(SandboxSettings(workers=1, uid_base=64000, preload=[], ray_pools_per_node=1), ray=True)
+        async with client:
+            ran = await client.run({"code": "print(7)"})
+        still_up = ray.is_initialized()
+        await ray_cluster.leave()
+        return ran, still_up
+
+    ran, still_up = asyncio.run(use())
+    assert ran.stdout == "7\n"
+    assert still_up
+    assert not ray.is_initialized()
