@@ -53,8 +53,7 @@ def test_async_client_runs_concurrent_requests(live_server):
 def test_a_seed_repeats_its_samples_and_each_choice_has_its_own(live_server, engine):
     """A seeded request repeats on an idle engine with its prompt cached, where it runs in the same batches each
     time. The choices of one request are not compared across requests: they reach the engine at times that load
-    decides, and bf16 logits over differently shaped batches can move a draw near a tie (three seeded requests
-    sent 30 ms apart changed one of them here)."""
+    decides, and bf16 logits over differently shaped batches can move a draw near a tie (docs/api.md, `seed`)."""
     client = openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused")
     ask = dict(model=DEFAULT_MODEL_NAME, messages=[{"role": "user", "content": "Tell me a word."}], max_tokens=8, temperature=1.0, seed=7)
 
