@@ -175,10 +175,16 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
                 )
 
     # The stop request of each page session's running answer (Gradio's session hash -> event); a page has at
-    # most one, so its conversation grows one exchange at a time.
+    # most one, so its conversation grows one exchange at a time. `armed` holds the stop request of an answer
+    # sent but not yet started (its send's first, unqueued step makes it), so a Stop pressed in between counts.
     stops: dict[str, asyncio.Event] = {}
+    armed: dict[str, asyncio.Event] = {}
+
+    async def arm(request: gr.Request):
+        armed[request.session_hash] = asyncio.Event()
 
     async def respond(text, state, model, temperature, max_tokens, max_turns, tools, system, prefix, request: gr.Request):
+        stop = armed.pop(request.session_hash, None) or asyncio.Event()
         if not text.strip():
             yield gr.skip(), state, gr.skip(), "", gr.skip()
             return
@@ -189,7 +195,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
         user = {"role": "user", "content": text}
         shown = [*state["display"], user]
         turn = AssistantTurn()
-        number, stop = next(ANSWER_NUMBERS), asyncio.Event()
+        number = next(ANSWER_NUMBERS)
         stops[request.session_hash] = stop
         # Each yield carries the state as it stands, so a stop keeps the partial answer in the history.
         progress = {**state, "messages": [*state["messages"], user], "display": shown}
@@ -226,8 +232,9 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
         yield progress["display"], progress, gr.skip(), "", answer_signal(number, "stopped" if stop.is_set() else "done")
 
     async def stop_answer(request: gr.Request):
-        if request.session_hash in stops:
-            stops[request.session_hash].set()
+        for pending in (stops, armed):
+            if request.session_hash in pending:
+                pending[request.session_hash].set()
 
     async def list_conversations(selected):
         try:
@@ -274,11 +281,12 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
     # Progress shows on the chat only: the input box stays usable for the next message. Gradio runs one event of
     # a listener at a time unless told otherwise; an answer mostly waits on the API, which batches answers, so
     # every page's answer streams at once (concurrency_limit=None) instead of queueing behind other pages'.
-    # A send during an answer reaches `respond` (trigger_mode "multiple"; Gradio's "once" drops the click
-    # without a word), which says why it waits.
+    # A send first arms its answer's stop request, unqueued, then starts the answer. A send during an answer
+    # reaches `respond` (trigger_mode "multiple"; Gradio's "once" drops the click without a word), which says
+    # why it waits.
     answering = dict(fn=respond, inputs=[box, state, *settings], outputs=outputs, show_progress_on=chatbot, concurrency_limit=None, trigger_mode="multiple")
-    submitted = box.submit(**answering)
-    clicked = send.click(**answering)
+    submitted = box.submit(arm, None, None, queue=False, trigger_mode="multiple").then(**answering)
+    clicked = send.click(arm, None, None, queue=False, trigger_mode="multiple").then(**answering)
     for event in (submitted, clicked):
         event.then(list_conversations, conversations, [conversations, alert])
     # Stop asks the running answer to end rather than cancelling its task (Gradio's `cancels`): the answer then

@@ -119,3 +119,20 @@ def test_two_pages_stream_at_once_and_a_page_sends_again_only_after_its_answer(n
     first.click("#stop")
     assert wait_for_answer(first, before, timeout_s=30) == "stopped"
     assert not error_shown(first) and not error_shown(second)
+
+
+def test_stop_right_after_send_stops_the_answer_before_it_starts(new_page, ui_on_endless_api, endless_api):
+    """Stop pressed before Gradio has started the answer's handler still reaches that answer."""
+    _, streams = endless_api
+    page = new_page(ui_on_endless_api)
+    for number in range(5):
+        before = answer_signal(page)
+        page.fill("#chat-input textarea", f"Count, please ({number}).")
+        page.click("#send")
+        page.click("#stop")
+        assert wait_for_answer(page, before, timeout_s=30) == "stopped"
+        deadline = time.time() + 10
+        while streams["open"]:
+            assert time.time() < deadline, f"the answer's HTTP stream is still open 10 s after Stop ({number})"
+            time.sleep(0.05)
+    assert not error_shown(page)
