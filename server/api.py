@@ -117,7 +117,9 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        return Response(request.app.state.serving.metrics.render(), media_type=CONTENT_TYPE)
+        serving = request.app.state.serving
+        replicas = await serving.engine.replica_metrics() if isinstance(serving.engine, ReplicatedEngine) else b""
+        return Response(serving.metrics.render(replicas), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=authorized)
     async def list_models(request: Request) -> ModelList:

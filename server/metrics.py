@@ -6,16 +6,20 @@ Ours live in one registry per app (not prometheus_client's global one), so sever
 vLLM's own engine metrics (`vllm:*`: prefix-cache queries and hits, running/waiting requests, KV-cache usage,
 preemptions, iteration tokens, TTFT and latency histograms) are what `vllm serve` users scrape and have
 dashboards for. AsyncLLM always registers them in prometheus_client's global registry, one engine per process,
-so /metrics serves that registry after ours, unchanged.
+so /metrics serves that registry after ours, unchanged. Engine replicas run in processes of their own (Ray
+actors): their `vllm:*` families are fetched at scrape time and served once each, every sample labelled with
+its `replica` (`merge_replica_metrics`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -62,9 +66,38 @@ class ServerMetrics:
         )
         prefix_hit_rate.set_function(lambda: prefix_cache_hit_rate(engine.stats()))
 
-    def render(self) -> bytes:
-        """Our metrics, then the process-wide registry's (vLLM's engine metrics where a vLLM engine runs)."""
-        return generate_latest(self.registry) + generate_latest(REGISTRY)
+    def render(self, replica_metrics: bytes = b"") -> bytes:
+        """Our metrics, then the process-wide registry's (vLLM's engine metrics where a vLLM engine runs here), then
+        those of engine replicas in other processes."""
+        return generate_latest(self.registry) + generate_latest(REGISTRY) + replica_metrics
+
+
+class _Families:
+    """A collector of metric families already built (a scrape's snapshot)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def merge_replica_metrics(expositions: Sequence[str | None]) -> bytes:
+    """vLLM's metric families from each replica's Prometheus text (None: the replica did not answer) as one
+    exposition: each family once, each sample with a `replica` label, the replica's index. Only `vllm:*` families
+    are taken: the replicas' process and runtime metrics share their names with this process's own."""
+    families: dict[str, Metric] = {}
+    for replica, text in enumerate(expositions):
+        for family in text_string_to_metric_families(text or ""):
+            if not family.name.startswith("vllm:"):
+                continue
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type, family.unit))
+            merged.samples.extend(sample._replace(labels={**sample.labels, "replica": str(replica)}) for sample in family.samples)
+    if not families:
+        return b""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry)
 
 
 def prefix_cache_hit_rate(stats: EngineStats) -> float:

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from rstar import ray_cluster
 from rstar.config import EngineSettings
 from rstar.server.engine import EngineFailed, EngineNotInstalled, EngineStats, SamplingOptions, TokenDelta, TokenEngine, VllmEngine
+from rstar.server.metrics import merge_replica_metrics
 from rstar.server.routing import NoHealthyReplica, ReplicaState, Router
 
 log = logging.getLogger("rstar.replicas")
@@ -72,6 +73,11 @@ class Replica(Protocol):
     async def reload_weights(self, weights_dir: str) -> None: ...
 
     async def reset_prefix_cache(self) -> None: ...
+
+    async def prometheus_text(self) -> str:
+        """Its process's Prometheus metrics (vLLM's engine metrics among them), as text; "" when that process is
+        this one, whose registry /metrics serves already."""
+        ...
 
     async def shutdown(self) -> None: ...
 
@@ -123,6 +129,11 @@ class EngineActor:
 
     async def reset_prefix_cache(self) -> None:
         await self.engine.reset_prefix_cache()
+
+    async def prometheus_text(self) -> str:
+        from prometheus_client import REGISTRY, generate_latest
+
+        return generate_latest(REGISTRY).decode()
 
     async def shutdown(self) -> None:
         await self.engine.shutdown()
@@ -183,6 +194,9 @@ class RayReplica:
 
     async def reset_prefix_cache(self) -> None:
         await self._call("reset_prefix_cache")
+
+    async def prometheus_text(self) -> str:
+        return await self._call("prometheus_text")
 
     async def shutdown(self) -> None:
         """Stop the engine cleanly if the actor still answers, then end the actor."""
@@ -320,6 +334,10 @@ class LocalReplica:
 
     async def reset_prefix_cache(self) -> None:
         self._alive()
+
+    async def prometheus_text(self) -> str:
+        self._alive()
+        return ""
 
     async def shutdown(self) -> None:
         if self.engine is not None and not self.killed:
@@ -584,6 +602,20 @@ class ReplicatedEngine:
     def replicas(self) -> list[dict]:
         """Each replica's health and load, for /health."""
         return [slot.report(i) for i, slot in enumerate(self._slots)]
+
+    async def replica_metrics(self, timeout_s: float = 5.0) -> bytes:
+        """vLLM's metrics of every healthy replica, labelled by replica, for /metrics; a replica that is down or
+        does not answer in time is left out of this scrape."""
+
+        async def scrape(slot: ReplicaSlot) -> str | None:
+            if not slot.healthy:
+                return None
+            try:
+                return await asyncio.wait_for(slot.replica.prometheus_text(), timeout_s)
+            except (*REPLICA_LOST, asyncio.TimeoutError):
+                return None
+
+        return merge_replica_metrics(await asyncio.gather(*(scrape(slot) for slot in self._slots)))
 
     def stats(self) -> EngineStats:
         sampled = [slot.stats for slot in self._slots if slot.healthy and slot.stats is not None]

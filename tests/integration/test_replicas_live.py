@@ -1,6 +1,7 @@
 """`rstar serve --replicas 2` on a local Ray cluster the test starts: two real CPU engines of the default model
-behind one API, answering the openai client; one replica's actor killed (ray.kill) mid-load: the other keeps
-answering, the requests on the dead one fail with a clear error or are retried, and it comes back in /health.
+behind one API, answering the openai client, vLLM's metrics of both in /metrics; one replica's actor killed
+(ray.kill) mid-load: the other keeps answering, the requests on the dead one fail with a clear error or are
+retried, and it comes back in /health.
 
 Two engines plus Ray take about 10 GB: run it alone, under `flock /tmp/rstar-engine.lock`."""
 
@@ -19,10 +20,12 @@ import httpx
 import openai
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import DEFAULT_MODEL_NAME
 from tests.integration.test_serve_cli import start_logged
 from tests.processes import free_port
+from tests.waiting import wait_for
 
 
 @dataclass
@@ -103,6 +106,21 @@ def test_two_replicas_answer_the_openai_client(replicated_server):
     listed = replicas(base_url)
     assert [(r["index"], r["healthy"], r["restarts"]) for r in listed] == [(0, True, 0), (1, True, 0)]
     assert all(r["kv_capacity_tokens"] > 0 for r in listed)
+    # vLLM's metrics live in the replicas' processes; /metrics serves each family once, labelled by replica.
+    wait_for(lambda: sum(vllm_samples(base_url, "vllm:request_success_total").values()) >= 4, 10, "the answers are not in vLLM's counters")
+    assert set(vllm_samples(base_url, "vllm:request_success_total")) == {"0", "1"}
+    exposition = httpx.get(f"{base_url}/metrics", timeout=30).text
+    assert exposition.count("# TYPE vllm:request_success_total ") == 1 and "rstar_requests_total" in exposition
+
+
+def vllm_samples(base_url: str, name: str) -> dict[str, float]:
+    """A vLLM counter from /metrics, summed per replica."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{base_url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name == name:
+                totals[sample.labels["replica"]] = totals.get(sample.labels["replica"], 0.0) + sample.value
+    return totals
 
 
 def test_a_killed_replica_is_survived_and_comes_back(replicated_server):

@@ -286,3 +286,27 @@ def test_replicas_without_ray_say_how_to_install_it(monkeypatch):
     result = CliRunner().invoke(app, ["serve", "--replicas", "2", "--port", "0"])
     assert result.exit_code == 2
     assert "bash install.sh cpu,ray" in result.output
+
+
+def test_metrics_of_every_answering_replica_come_back_labelled(default_tokenizer):
+    factory = ScriptedReplicas(default_tokenizer)
+
+    async def scenario():
+        engine = await replicated(factory, replicas=3)
+        for index, replica in enumerate(factory.replicas[i][-1] for i in range(3)):
+
+            async def text(index=index, in_process=replica.prometheus_text):
+                await in_process()  # raises ReplicaDied once the replica is killed, as a dead actor's call does
+                return f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine=\"0\"}} {index + 1}\n"
+
+            replica.prometheus_text = text
+        factory.replicas[1][-1].kill()
+        try:
+            return await engine.replica_metrics()
+        finally:
+            await engine.shutdown()
+
+    text = asyncio.run(scenario()).decode()
+    assert 'vllm:num_requests_running{engine="0",replica="0"} 1.0' in text
+    assert 'vllm:num_requests_running{engine="0",replica="2"} 3.0' in text
+    assert 'replica="1"' not in text  # killed: left out of this scrape
