@@ -8,16 +8,22 @@ bumps its weight version and drops its prefix cache (`VllmEngine.reload_weights`
 A probe then compares the engine's logprobs of a fixed token sequence with the trainer's: a reload that
 silently kept stale weights, or loaded them wrong, shows as a gap far above the dtype noise, and the run
 stops loudly (users of other frameworks lost runs to exactly this: rl.md §5).
+
+The file stays for the run's life (a restarted engine replica loads the latest weights from it) and goes when
+the run ends. A run killed outright (the OOM killer, SIGKILL) cannot remove it, and memory in /dev/shm stays
+taken until someone does: its directory names the trainer's pid, and the next run removes those whose
+trainer is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from concurrent.futures import Executor
+import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +33,30 @@ from rstar.rl.packing import Branch, Tree, pack
 from rstar.rl.policy import Policy, tied_names
 from rstar.rl.tensor_files import write_safetensors
 from rstar.server.engine import TokenEngine
+
+WEIGHTS_PREFIX = "rstar-weights-"  # then the trainer's pid, a dash and a random part
+
+
+def remove_orphaned_weights(base: Path) -> list[Path]:
+    """Remove the weight directories under `base` whose trainer process is gone; returns what it removed."""
+    removed = []
+    for directory in base.glob(f"{WEIGHTS_PREFIX}*-*"):
+        owner = directory.name[len(WEIGHTS_PREFIX) :].split("-", 1)[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
 
 class WeightSyncFailed(RuntimeError):
     """The engine does not serve the trainer's weights; continuing would train on a different policy."""
@@ -51,8 +81,9 @@ class WeightSync:
         self.probe_ids = list(probe_ids)
         self.tolerance = tolerance
         self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(engine_dtype, torch.float32)
-        base = Path("/dev/shm") if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK) else None
-        self._dir = tempfile.TemporaryDirectory(prefix="rstar-weights-", dir=base)
+        base = Path("/dev/shm") if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+        remove_orphaned_weights(base)
+        self._dir = tempfile.TemporaryDirectory(prefix=f"{WEIGHTS_PREFIX}{os.getpid()}-", dir=base)
 
     async def sync(self) -> SyncReport:
         started = time.perf_counter()
