@@ -31,6 +31,16 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_shared_memory_left_behind():
+    """Engines some tests kill on purpose leave their shared memory in /dev/shm; it goes when the session ends."""
+    from tests.processes import remove_orphaned_shared_memory
+
+    started = time.time()
+    yield
+    remove_orphaned_shared_memory(started)
+
+
 # No test may reach a model or dataset hub; fail fast instead of retrying for half a minute.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

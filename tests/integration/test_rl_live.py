@@ -5,6 +5,7 @@ a `kill -9` mid-run resumes from its checkpoint counting nothing twice, and a sh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ from rstar.sandbox.clients import LocalClient
 from rstar.sandbox.settings import SandboxSettings
 from rstar.server.chat_template import rstar_template
 from rstar.server.db import open_database
+from tests.processes import remove_orphaned_shared_memory
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,6 +152,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_pat
     env = {**os.environ, "RSTAR_DATA_DIR": str(tmp_path / "data"), "RSTAR_DATABASE_URL": f"sqlite:///{db}",
            "RSTAR_ENGINE__MAX_MODEL_LEN": "2048", "RSTAR_ENGINE__ENFORCE_EAGER": "true", "RSTAR_SANDBOX__UID_BASE": "64800", "COLUMNS": "200"}
     command = [sys.executable, "-m", "rstar.cli", "rl", "train", str(recipe), "--data", str(data), "--run-id", "killed"]
+    started = time.time()
     first = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     run_dir = tmp_path / "data" / "rl_runs" / "killed"
     try:
@@ -161,14 +164,20 @@ def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_pat
         os.killpg(first.pid, signal.SIGKILL)  # the trainer and its engine process, as an OOM kill or power loss would
     finally:
         first.wait(60)
+    remove_orphaned_shared_memory(started)  # the killed engine's, before the second run needs the memory
     before = run_steps(db, "killed")
     assert before and before[-1] < 3, f"the run finished before it was killed: {before}"
     checkpointed = json.loads((run_dir / "checkpoint-1" / "trainer_state.json").read_text())
     assert checkpointed["step"] == 1 and checkpointed["data_cursor"] == 4
 
-    second = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "killed: finished" in second.stdout
+    second = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = second.communicate(timeout=900)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(second.pid, signal.SIGKILL)  # on a timeout, its engine processes too, not the trainer alone
+    assert second.returncode == 0, stderr[-3000:]
+    assert "killed: finished" in stdout
     assert run_steps(db, "killed") == [1, 2, 3]
     with sqlite3.connect(db) as connection:
         status, step = connection.execute("select status, step from rl_runs where id = 'killed'").fetchone()
