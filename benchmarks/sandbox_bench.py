@@ -12,7 +12,8 @@ Compared, in one run:
   bwrap_python  a fresh `bwrap --unshare-all --ro-bind / / ... python -c CODE` per call: the isolation
                 code-judge's README offers
 
-For each: p50/p95/p99 latency of `print(1)` one call at a time, calls/s with 4 calls in flight, and the
+For each: p50/p95/p99 latency of `print(1)` one call at a time, calls/s with 4 calls in flight with the CPU
+time and minor page faults each call cost the machine (every process of the runner), and the
 latency of a numpy and a sympy cell (import included: that is the point of the warm zygote). The goals are
 ratios between runners measured in the same run, so they hold on any machine; the JSON records the CPU.
 
@@ -172,6 +173,30 @@ async def sequential(runner, code: str, n: int) -> dict:
     return percentiles(samples)
 
 
+def tree_usage() -> tuple[float, int]:
+    """CPU seconds and minor page faults of this process and every process under it, counting the ones that
+    exited once their parent reaped them (the zygote reaps its cells, a warm server its forks, this process
+    the fresh interpreters). A delta over a run is what the run cost the machine, wherever it ran."""
+    stats = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/stat") as stat:
+                stats[int(pid)] = stat.read().rsplit(")", 1)[1].split()  # fields after the command name
+    children: dict[int, list[int]] = {}
+    for pid, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(pid)  # fields[1]: the parent's pid
+    tree, todo = [], [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    ticks = os.sysconf("SC_CLK_TCK")
+    # fields[7:9]: minor faults, of reaped children; fields[11:15]: user and system time, of reaped children
+    cpu = sum(int(value) for pid in tree if pid in stats for value in stats[pid][11:15]) / ticks
+    faults = sum(int(stats[pid][7]) + int(stats[pid][8]) for pid in tree if pid in stats)
+    return cpu, faults
+
+
 async def throughput(runner, code: str, n: int) -> dict:
     gate = asyncio.Semaphore(CONCURRENCY)
 
@@ -179,10 +204,13 @@ async def throughput(runner, code: str, n: int) -> dict:
         async with gate:
             await runner.call(code)
 
+    cpu_before, faults_before = tree_usage()
     started = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(n)))
     elapsed = time.perf_counter() - started
-    return {"n": n, "in_flight": CONCURRENCY, "seconds": round(elapsed, 3), "calls_per_s": round(n / elapsed, 1)}
+    cpu_after, faults_after = tree_usage()
+    return {"n": n, "in_flight": CONCURRENCY, "seconds": round(elapsed, 3), "calls_per_s": round(n / elapsed, 1),
+            "cpu_ms_per_call": round((cpu_after - cpu_before) * 1000 / n, 2), "minor_faults_per_call": round((faults_after - faults_before) / n, 1)}
 
 
 async def measure(runner, sizes: dict) -> dict:
@@ -261,11 +289,14 @@ def report(results: dict, quick: bool) -> dict:
 
 
 def print_table(out: dict) -> None:
-    header = f"{'':14} {'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9} {'calls/s':>9} {'numpy p50':>10} {'sympy p50':>10}"
+    header = (f"{'':14} {'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9} {'calls/s':>9} {'CPU ms/call':>12} {'faults/call':>12} "
+              f"{'numpy p50':>10} {'sympy p50':>10}")
     print(header)
     for name, r in out["results"].items():
+        t = r["throughput"]
         print(f"{name:14} {r['print1']['p50_ms']:9.2f} {r['print1']['p95_ms']:9.2f} {r['print1']['p99_ms']:9.2f} "
-              f"{r['throughput']['calls_per_s']:9.1f} {r['numpy_cell']['p50_ms']:10.2f} {r['sympy_cell']['p50_ms']:10.2f}")
+              f"{t['calls_per_s']:9.1f} {t['cpu_ms_per_call']:12.2f} {t['minor_faults_per_call']:12.1f} "
+              f"{r['numpy_cell']['p50_ms']:10.2f} {r['sympy_cell']['p50_ms']:10.2f}")
     for base, ratio in out["ratios"].items():
         print(f"ours vs {base}: " + ", ".join(f"{k} {v}x" for k, v in ratio.items()))
     for goal in out["goals"]:
