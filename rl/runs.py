@@ -43,8 +43,11 @@ def process_alive(host: str, pid: int | None) -> bool:
     """Whether a run's process still exists (only knowable for this host; another host's run counts as alive)."""
     if pid is None:
         return False
-    if host != socket.gethostname():
-        return True
+    return host != socket.gethostname() or pid_alive(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host (and pid namespace) has this pid; another user's counts."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -31,6 +31,7 @@ import torch
 
 from rstar.rl.packing import Branch, Tree, pack
 from rstar.rl.policy import Policy, tied_names
+from rstar.rl.runs import pid_alive
 from rstar.rl.tensor_files import write_safetensors
 from rstar.server.engine import TokenEngine
 
@@ -42,20 +43,10 @@ def remove_orphaned_weights(base: Path) -> list[Path]:
     removed = []
     for directory in base.glob(f"{WEIGHTS_PREFIX}*-*"):
         owner = directory.name[len(WEIGHTS_PREFIX) :].split("-", 1)[0]
-        if owner.isdigit() and not _alive(int(owner)):
+        if owner.isdigit() and not pid_alive(int(owner)):
             shutil.rmtree(directory, ignore_errors=True)
             removed.append(directory)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 class WeightSyncFailed(RuntimeError):
