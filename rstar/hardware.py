@@ -53,8 +53,12 @@ def cpu_info() -> CpuInfo:
     fields = _cpuinfo_fields()
     all_flags = set((fields.get("flags") or fields.get("Features") or "").split())
     model = fields.get("model name") or fields.get("Model") or platform.processor() or platform.machine()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return CpuInfo(model=model, cores=cores, flags=tuple(flag for flag in REPORTED_FLAGS if flag in all_flags))
+    return CpuInfo(model=model, cores=len(usable_cores()), flags=tuple(flag for flag in REPORTED_FLAGS if flag in all_flags))
+
+
+def usable_cores() -> list[int]:
+    """The ids of the cores this process may run on (its affinity), in order."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
 def accelerator() -> str:

@@ -125,7 +125,7 @@ def choose_defaults(model_dir: str | Path, settings: EngineSettings, cache_dir: 
     import torch
     import vllm
 
-    from rstar.hardware import cpu_info
+    from rstar.hardware import cpu_info, usable_cores
 
     cpu = cpu_info()
     dtype = choose_dtype(settings.dtype, accelerator_kind, cpu)
@@ -138,7 +138,7 @@ def choose_defaults(model_dir: str | Path, settings: EngineSettings, cache_dir: 
     cache = compile_cache_dir(cache_dir, factors)
     eager = choose_eager(settings.enforce_eager, accelerator_kind, cpu, compile_cache_present(cache))
     if accelerator_kind == "cpu":
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        cores = usable_cores()
         threads = choose_threads_bind(settings.cpu_threads_bind, cores, os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
         kv_cache = f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE', settings.cpu_kv_cache_gib)} GiB"
     else:

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from typing import Any, Protocol
 
 from rstar import ray_cluster
 from rstar.config import EngineSettings
+from rstar.hardware import usable_cores
 from rstar.server.engine import EngineFailed, EngineNotInstalled, EngineStats, SamplingOptions, TokenDelta, TokenEngine, VllmEngine
 from rstar.server.metrics import merge_replica_metrics
 from rstar.server.routing import NoHealthyReplica, ReplicaState, Router
@@ -258,7 +258,7 @@ async def _start_replicas_on_ray(ray: Any, model_dir: str | Path, settings: Engi
 
     # The cluster's GPUs, not this process's: the API may run on a node without any (compose.yaml's does).
     on_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = usable_cores()
     options = replica_actor_options(settings, on_gpu=on_gpu, cores=cores)
     actor_class = ray.remote(EngineActor)
     actor_args = (str(model_dir), settings.model_dump(), served_model_name, str(cache_dir) if cache_dir else None)
