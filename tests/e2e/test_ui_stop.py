@@ -94,6 +94,8 @@ def test_two_pages_stream_at_once_and_a_page_sends_again_only_after_its_answer(n
     first, second = new_page(ui_on_endless_api), new_page(ui_on_endless_api)
     signals = {}
     for number, page in enumerate((first, second)):
+        # A click before the page has finished loading is lost (seen under CI load): wait for its load event's result.
+        page.wait_for_function("document.querySelector('#server-status')?.innerText.includes('Connected to')", timeout=30_000)
         signals[number] = answer_signal(page)
         page.fill("#chat-input textarea", f"Count, page {number}.")
         page.click("#send")
