@@ -1,21 +1,23 @@
-"""The warm zygote: one long-lived interpreter with the heavy libraries imported, forking hardened children.
+"""The zygote: the sandbox's event loop, driving hardened cell processes that a forker makes for it.
 
 It runs inside bubblewrap (see `launch.py`) and talks to the pool over its stdin/stdout with `protocol`
-frames. It is single-threaded on purpose: forking a threaded process is unsafe.
+frames. It is single-threaded on purpose. It never forks a cell itself: at start it forks the *forker*
+(`forker.py`) before importing anything heavy; the forker preloads the libraries and forks every cell from
+that warm image, so the zygote's own writes copy no shared pages and no fork holds up an answer.
 
 Per worker slot it keeps one *spare*: a child forked ahead of time that has already entered its own session,
 set its rlimits, dropped to the slot's uid and loaded Landlock and seccomp, and now blocks reading its job
 pipe. A call therefore costs one pipe write plus the cell itself. The zygote reads the child's stdout and
 stderr as they come (a byte cap stops a flood), enforces the wall deadline, and answers as soon as the child
-reports done; killing the process group and wiping the scratch dir happen after the answer is sent, and
-the used slot's next spare is forked while another cell runs or the loop is idle. seccomp denies setsid and
-setpgid, so a cell's descendants cannot leave its process group and one killpg ends them all; a sweep of the
-cell uids for processes outside every live group runs only every few seconds, as a safety net (and after
-each cell when seccomp is off).
+reports done; then it kills the process group and asks the forker for the slot's next spare, which the forker
+forks while the zygote goes on. seccomp denies setsid and setpgid, so a cell's descendants cannot leave its
+process group and one killpg ends them all; a sweep of the cell uids for processes outside every live group
+runs only every few seconds, as a safety net (and after each cell when seccomp is off).
 
-This module owns the start-up (preload, probe, the ready report) and the event loop: control frames, which
-slot serves a call, when spares are replaced, deadlines, reaping and sending answers. The pieces it drives:
+This module owns the start-up (the forker, probe, the ready report) and the event loop: control frames, which
+slot serves a call, when spares are asked for, deadlines, exits and sending answers. The pieces it drives:
 
+    forker    the process that preloads, forks cells and reaps them, and the zygote's handle on it
     child     forking a cell process, and everything that runs inside one (hardening, jobs, probe)
     jobs      a call in flight and the answer frame it becomes
     streams   the selector over every pipe, non-blocking reads, the output cap
@@ -25,25 +27,20 @@ slot serves a call, when spares are replaced, deadlines, reaping and sending ans
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import gc
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 
-from . import cell, harden, procs, protocol
-from .child import Child, ChildSetup, fork_child, prepare_scratch
+from . import harden, procs, protocol
+from .child import Child, prepare_scratch
+from .forker import Exited, Forker, ForkerGone, Spawned
 from .jobs import STATUS_MAX, Job, answer, refusal
 from .sessions import Session, SessionTable
 from .streams import Streams
 
-PR_SET_CHILD_SUBREAPER = 36
-IDLE_CLEAN_S = 0.001  # no event for this long: time to fork the next spare
 STRAY_SWEEP_S = 5.0  # how often the uid sweep behind killpg runs
 CONTROL_IN, CONTROL_OUT = 0, 1  # CONTROL_OUT blocks: an answer is written whole
 # Below glibc's mmap threshold: a larger read buffer is mapped and unmapped again on every control message.
@@ -53,47 +50,28 @@ JOB_FIELDS = ("kind", "code", "history", "stdin", "response", "gold", "protocol"
 
 
 class Zygote:
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: dict, forker: Forker) -> None:
         self.cfg = cfg
+        self.forker = forker
         self.slots = int(cfg["slots"])  # uids with a spare each: workers plus a few kept ready
         self.drop_uid = bool(cfg["drop_uid"])
         self.uid_base = int(cfg["uid_base"])
         self.max_output_bytes = int(cfg["max_output_bytes"])
-        self.setup = ChildSetup.from_config(cfg)
         self.streams = Streams()
         self.control = protocol.FrameBuffer()
         self.spares: dict[int, Child | None] = {}
+        self.spawning: dict[int, int] = {}  # forker tag -> slot whose next spare it is
+        self.arrived: dict[int, Child] = {}  # children asked for by `spawn`, by tag, until it takes them
         self.busy: dict[int, Job] = {}  # slot -> job
-        self.dirty: dict[int, float] = {}  # slot -> when its last child was killed; needs a new spare
-        self.children: dict[int, Child] = {}  # pid -> child, for reaping
+        self.children: dict[int, Child] = {}  # pid -> child, until its exit is reported
         self.killed: set[int] = set()  # children sent SIGKILL and not reaped yet
         self.sessions = SessionTable(int(cfg["max_sessions"]), float(cfg["session_ttl_s"]))
         self.running = True
-        self.released_memory_note = ""
         # seccomp denies setsid/setpgid: nothing a cell starts can leave its process group, so killpg is complete.
         self.groups_sealed = bool(cfg["groups_sealed"])
         self.last_sweep = time.monotonic()
 
     # ------------------------------------------------------------------------------------ set-up
-    def preload(self) -> None:
-        cell.preload(self.cfg.get("preload", []))
-        from . import verify  # noqa: F401 - so answer checking pays no import either
-
-        gc.collect()
-        gc.freeze()  # keeps the forked children from dirtying (copying) every page during a collection
-
-    def measure_released_headroom(self) -> None:
-        try:
-            fresh = harden.fresh_python_address_space(sys.executable)
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            self.released_memory_note = f"released protocol: no code-judge memory cap (fresh python3 not measured: {exc})"
-            return
-        self.setup.released_headroom = harden.CODE_JUDGE_ADDRESS_SPACE - fresh
-        self.released_memory_note = (
-            f"released protocol: {self.setup.released_headroom / 2**20:.0f} MB of address space above the preloaded "
-            f"image (code-judge's 384 MB minus a fresh python3's {fresh / 2**20:.0f} MB)"
-        )
-
     def slot_uid(self, slot: int) -> int | None:
         return self.uid_base + slot if self.drop_uid else None
 
@@ -101,13 +79,30 @@ class Zygote:
         return self.uid_base + self.slots + index if self.drop_uid else None
 
     def spawn(self, uid: int | None, scratch: str, persistent: bool, cpu_s: int) -> Child:
-        child = fork_child(self.setup, uid, scratch, persistent, cpu_s, time.monotonic())
-        self.children[child.pid] = child
-        return child
+        """A child now: ask the forker and wait for it (handling whatever else the forker reports meanwhile)."""
+        tag = self.forker.request(uid, scratch, persistent, cpu_s)
+        while tag not in self.arrived:
+            self.on_forker(self.forker.wait())
+        return self.arrived.pop(tag)
 
     def spawn_spare(self, slot: int) -> None:
-        self.spares[slot] = self.spawn(self.slot_uid(slot), f"{self.cfg['scratch_root']}/slot{slot}", False,
-                                       int(self.cfg["cpu_s"]))
+        """Ask for the slot's next spare; it lands in `spares` when the forker has forked it."""
+        self.spares[slot] = None
+        tag = self.forker.request(self.slot_uid(slot), f"{self.cfg['scratch_root']}/slot{slot}", False, int(self.cfg["cpu_s"]))
+        self.spawning[tag] = slot
+
+    def on_forker(self, messages: list[Spawned | Exited]) -> None:
+        for message in messages:
+            if isinstance(message, Exited):
+                self.on_exit(message.pid, message.status)
+                continue
+            child = message.child
+            self.children[child.pid] = child
+            slot = self.spawning.pop(message.tag, None)
+            if slot is None:
+                self.arrived[message.tag] = child
+            else:
+                self.spares[slot] = child
 
     def probe(self) -> dict:
         """Run a probe job in a hardened child and describe the layers that are really in force."""
@@ -121,8 +116,6 @@ class Zygote:
                 break
             raw += chunk
         self.destroy(child)
-        os.waitpid(child.pid, 0)
-        self.children.pop(child.pid, None)
         try:
             message = json.loads(raw or b"{}")
         except ValueError:
@@ -137,40 +130,34 @@ class Zygote:
     # ------------------------------------------------------------------------------------- loop
     def serve(self) -> None:
         os.set_blocking(CONTROL_IN, False)
-        wake_r, wake_w = os.pipe()
-        os.set_blocking(wake_r, False)
-        os.set_blocking(wake_w, False)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.set_wakeup_fd(wake_w)
         self.streams.add(CONTROL_IN, "control")
-        self.streams.add(wake_r, "sigchld")
+        self.streams.add(self.forker.fileno(), "forker")
         for slot in range(self.slots):
             self.spawn_spare(slot)
-        while self.running:
-            timeout = min(self.next_timeout(), IDLE_CLEAN_S) if self.dirty else self.next_timeout()
-            events = self.streams.select(timeout)
-            for name, fd in events:
-                if name == "control":
-                    self.on_control()
-                elif name == "sigchld":
-                    try:
-                        os.read(wake_r, 4096)
-                    except BlockingIOError:
-                        pass
-                    self.reap()
-                else:
-                    job = self.streams.read(fd, self.max_output_bytes)
-                    if job is not None:
-                        self.finish(job)
-            self.reap()
-            self.check_deadlines()
-            self.maybe_clean(idle=not events)
-            self.sweep_strays()
+        try:
+            self.loop()
+        except ForkerGone as exc:
+            print(f"no cell can start: {exc}", file=sys.stderr)  # the pool sees the zygote exit and restarts it
         for child in [job.child for job in self.busy.values()] + [s.child for s in self.sessions.by_id.values()]:
             self.destroy(child)
         for child in self.spares.values():
             if child is not None:
                 self.destroy(child)
+        self.forker.close()
+
+    def loop(self) -> None:
+        while self.running:
+            for name, fd in self.streams.select(self.next_timeout()):
+                if name == "control":
+                    self.on_control()
+                elif name == "forker":
+                    self.on_forker(self.forker.pending())
+                else:
+                    job = self.streams.read(fd, self.max_output_bytes)
+                    if job is not None:
+                        self.finish(job)
+            self.check_deadlines()
+            self.sweep_strays()
 
     def next_timeout(self) -> float:
         now = time.monotonic()
@@ -242,31 +229,23 @@ class Zygote:
             pass  # the child died while hardening; its status message or exit says why
 
     def ready_slots(self) -> list[int]:
-        return [s for s in range(self.slots) if s not in self.busy and s not in self.dirty and self.spares.get(s)]
+        return [s for s in range(self.slots) if s not in self.busy and self.spares.get(s)]
 
     def pick_slot(self) -> int | None:
-        """The free slot whose spare has had the longest to finish hardening; clean one up if none is ready."""
-        ready = self.ready_slots()
-        if ready:
-            return min(ready, key=lambda s: self.spares[s].born)
-        for slot in range(self.slots):
-            if slot not in self.busy:
-                self.dirty.pop(slot, None)
-                self.spawn_spare(slot)
-                return slot
-        return None
-
-    def maybe_clean(self, idle: bool) -> None:
-        """Fork one replacement spare off the critical path: while a cell runs (the loop would only wait for
-        it), when idle, or when no spare is left. A fork of the warm image costs about a millisecond of the
-        loop; forked right after an answer it would delay the next call, and waiting for an idle gap starved
-        back-to-back calls (each one forked and hardened its own cell)."""
-        if not self.dirty:
-            return
-        if self.all_jobs() or idle or not self.ready_slots():
-            slot = min(self.dirty, key=self.dirty.__getitem__)
-            del self.dirty[slot]
-            self.spawn_spare(slot)
+        """The free slot whose spare has had the longest to finish hardening. When no free slot has one yet,
+        wait for the forker; a slot whose spare died unused gets a new one now (its job then reports why)."""
+        while True:
+            ready = self.ready_slots()
+            if ready:
+                return min(ready, key=lambda s: self.spares[s].born)
+            free = [s for s in range(self.slots) if s not in self.busy]
+            if not free:
+                return None
+            waiting = set(self.spawning.values())
+            for slot in free:
+                if slot not in waiting:
+                    self.spawn_spare(slot)
+            self.on_forker(self.forker.wait())
 
     def open_session(self, session_id: str) -> Session | None:
         if not self.sessions.free_indices:
@@ -289,32 +268,26 @@ class Zygote:
         prepare_scratch(session.child.scratch, None)
 
     # ------------------------------------------------------------------------ ends of processes
-    def reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            self.killed.discard(pid)
-            child = self.children.pop(pid, None)
-            if child is None:
-                continue  # an orphaned grandchild we inherited as subreaper
-            child.exit_status = status
-            job = next((job for job in self.all_jobs() if job.child is child), None)
-            if job is not None:
-                self.finish(job)
-                continue
-            for slot, spare in list(self.spares.items()):
-                if spare is child:
-                    # A spare died before getting work (hardening failed?). It is replaced when the slot's
-                    # next job arrives, whose result then carries the reason; respawning here could loop.
-                    self.streams.close(child)
-                    self.spares[slot] = None
-            for sid, session in list(self.sessions.by_id.items()):
-                if session.child is child and not session.busy:
-                    self.close_session(sid)
+    def on_exit(self, pid: int, status: int) -> None:
+        """The forker reaped `pid` (a waitpid status)."""
+        self.killed.discard(pid)
+        child = self.children.pop(pid, None)
+        if child is None:
+            return  # an orphaned grandchild the forker inherited as subreaper, or the probe's child
+        child.exit_status = status
+        job = next((job for job in self.all_jobs() if job.child is child), None)
+        if job is not None:
+            self.finish(job)
+            return
+        for slot, spare in list(self.spares.items()):
+            if spare is child:
+                # A spare died before getting work (hardening failed?). It is replaced when the slot's next
+                # job arrives, whose result then carries the reason; respawning here could loop.
+                self.streams.close(child)
+                self.spares[slot] = None
+        for sid, session in list(self.sessions.by_id.items()):
+            if session.child is child and not session.busy:
+                self.close_session(sid)
 
     def check_deadlines(self) -> None:
         now = time.monotonic()
@@ -361,7 +334,7 @@ class Zygote:
         slot = next(s for s, j in self.busy.items() if j is job)
         del self.busy[slot]
         self.destroy(job.child)
-        self.dirty[slot] = time.monotonic()
+        self.spawn_spare(slot)
 
     def destroy(self, child: Child) -> None:
         """Kill everything the child started: its process group, and without seccomp (when a cell can leave
@@ -430,18 +403,14 @@ def main() -> None:
         return
     for key, value in cfg.get("thread_env", {}).items():
         os.environ[key] = value  # BLAS thread counts must be set before numpy loads its library
-    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     os.set_blocking(CONTROL_OUT, True)
     sys.stdout = sys.stderr  # fd 1 carries protocol frames: a stray print from a library must not land there
-    zygote = Zygote(cfg)
-    started = time.monotonic()
-    zygote.preload()
-    zygote.measure_released_headroom()
-    warm_s = time.monotonic() - started
     os.makedirs(cfg["scratch_root"], exist_ok=True)
+    forker, forker_ready = Forker.start(cfg)
+    zygote = Zygote(cfg, forker)
     report = zygote.probe()
-    report["warmup_s"] = round(warm_s, 3)
+    report["warmup_s"] = forker_ready["warmup_s"]
     report["preloaded"] = cfg.get("preload", [])
-    report["released_memory"] = zygote.released_memory_note
+    report["released_memory"] = forker_ready["released_memory"]
     zygote.send({"op": "ready", "report": report})
     zygote.serve()

@@ -35,7 +35,7 @@ class SyncPool:
 
     def settled_processes(self, timeout: float = 5.0) -> list[dict]:
         """Cell-uid processes once killed ones have exited (SIGKILL is not instantaneous) and every used slot
-        has its spare back (the zygote forks replacements when idle)."""
+        has its spare back (the forker makes replacements as slots free up)."""
         settings = self.pool.settings
         deadline = time.monotonic() + timeout
         while True:
