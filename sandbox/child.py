@@ -1,8 +1,9 @@
-"""The child side of the zygote: forking a cell process, hardening it, and serving its jobs.
+"""The cell side of the sandbox: forking a cell process, hardening it, and serving its jobs.
 
-A child is forked from the warm zygote with five fds in a fixed layout (stdin, stdout, stderr, job pipe,
-status pipe). Before any untrusted code it enters its own session and hardens itself (`harden_self`: every
-layer or none), then blocks reading its job pipe. A spare serves one job and exits; a session child loops
+A child is forked from the warm image (by the forker, see `forker.py`) with five fds in a fixed layout (stdin,
+stdout, stderr, job pipe, status pipe), the cell environment and default signal dispositions already in place.
+Before any untrusted code it enters its own session and hardens itself (`harden_self`: every layer or none),
+then blocks reading its job pipe. A spare serves one job and exits; a session child loops
 over jobs and keeps its globals. Each job's outcome goes back as one JSON line on the status pipe; the
 zygote reads the child's stdout and stderr itself.
 
@@ -18,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import _signal
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -143,11 +145,12 @@ def _child_main(setup: ChildSetup, ends: dict[int, int], uid: int | None, scratc
             # Measured before hardening: Landlock then hides /proc. The few objects a job adds are noise.
             address_space = harden.address_space()
             os.setsid()
-            signal.set_wakeup_fd(-1)
-            for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_DFL)
             devnull = os.open(os.devnull, os.O_RDWR)
             _place_fds({CHILD_STDIN: devnull, **ends})
+            # The forker's SIGCHLD handler, undone through _signal: signal.signal's enum wrapping runs enough
+            # Python to copy dozens of pages in every fresh child.
+            signal.set_wakeup_fd(-1)
+            _signal.signal(signal.SIGCHLD, _signal.SIG_DFL)
             layers = harden_self(setup, uid, scratch, cpu_s)
         except BaseException as exc:  # noqa: BLE001 - reported to the zygote, then the child exits
             _send_status({"status": "internal_error", "detail": f"hardening failed: {type(exc).__name__}: {exc}"})
@@ -176,9 +179,7 @@ def harden_self(setup: ChildSetup, uid: int | None, scratch: str, cpu_s: int) ->
         harden.load_seccomp(setup.seccomp)
         layers["seccomp"] = True
     os.chdir(scratch)
-    os.environ.clear()
-    os.environ.update(cfg["env"])
-    os.environ.update({"HOME": scratch, "TMPDIR": scratch})
+    os.environ["HOME"] = os.environ["TMPDIR"] = scratch  # the rest of the environment is the forker's: cfg["env"]
     return layers
 
 

@@ -12,24 +12,25 @@ ends of the child's pipes to the zygote over a unix socket (SCM_RIGHTS) and clos
 no pipe of any cell. It is the cells' parent and the subreaper of everything they start: it reaps them and
 reports each exit status. Everything else (scheduling, deadlines, output, killing) stays the zygote's.
 
-Messages, one JSON object per SOCK_SEQPACKET record:
-    zygote -> forker  {"op": "spawn", "tag": int, "uid": int | null, "scratch": path, "persistent": bool, "cpu_s": int}
-    forker -> zygote  {"op": "ready", "warmup_s": float, "released_memory": str}    once, when preloaded
-                      {"op": "spawned", "tag", "pid", "uid", "scratch", "born"}     + fds: out, err, job, status
-                      {"op": "exited", "pid": int, "status": int}                    a waitpid status
+Messages, one SOCK_SEQPACKET record each. The per-cell ones are packed structs, not JSON: everything the
+forker's loop touches after a fork is copied, and json's encoder touches a lot.
+    zygote -> forker  SPAWN (tag, uid or -1, persistent, cpu_s) + the scratch path in UTF-8
+    forker -> zygote  READY + JSON {"warmup_s", "released_memory"}     once, when preloaded
+                      SPAWNED (tag, pid, born) + fds out, err, job, status
+                      EXITED (pid, waitpid status)
 """
 
 from __future__ import annotations
 
-import array
 import contextlib
 import ctypes
 import gc
 import json
 import os
-import selectors
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -39,9 +40,12 @@ from . import cell, harden, procs
 from .child import Child, ChildSetup, fork_child
 
 PR_SET_CHILD_SUBREAPER = 36
-MESSAGE_MAX = 64 * 1024  # a record's JSON; ours are a few hundred bytes
-CHILD_FDS = 4  # out, err, job, status
-FD_SIZE = array.array("i").itemsize
+MESSAGE_MAX = 64 * 1024  # a record; ours are a few hundred bytes at most
+SPAWN = struct.Struct("=qi?i")  # tag, uid (-1: keep ours), persistent, cpu_s; the scratch path follows
+SPAWNED = struct.Struct("=cqid")  # b"S", tag, pid, born (monotonic)
+EXITED = struct.Struct("=cii")  # b"E", pid, status
+READY = b"R"
+CHILD_FDS = struct.Struct("=4i")  # out, err, job, status, as SCM_RIGHTS carries them
 
 
 class ForkerGone(RuntimeError):
@@ -67,6 +71,7 @@ class Forker:
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock, self.pid = sock, pid
         self.tags = iter(range(1, 1 << 62))
+        self.asked: dict[int, tuple[int | None, str]] = {}  # tag -> (uid, scratch) of a child not yet spawned
 
     @classmethod
     def start(cls, cfg: dict) -> tuple["Forker", dict]:
@@ -89,7 +94,7 @@ class Forker:
         theirs.close()
         forker = cls(ours, pid)
         ready = forker._receive(block=True)
-        if not isinstance(ready, dict) or ready.get("op") != "ready":
+        if not isinstance(ready, dict):
             raise RuntimeError(f"the forker sent {ready!r} instead of its ready message")
         return forker, ready
 
@@ -99,11 +104,12 @@ class Forker:
     def request(self, uid: int | None, scratch: str, persistent: bool, cpu_s: int) -> int:
         """Ask for a child; returns the tag its `Spawned` will carry."""
         tag = next(self.tags)
-        message = {"op": "spawn", "tag": tag, "uid": uid, "scratch": scratch, "persistent": persistent, "cpu_s": cpu_s}
+        message = SPAWN.pack(tag, -1 if uid is None else uid, persistent, cpu_s) + scratch.encode()
         try:
-            self.sock.send(json.dumps(message).encode())  # blocking, but small, and the forker always reads
+            self.sock.send(message)  # blocking, but small, and the forker always reads
         except OSError as exc:
             raise ForkerGone(f"the forker is gone: {exc}") from exc
+        self.asked[tag] = (uid, scratch)
         return tag
 
     def pending(self) -> list[Spawned | Exited]:
@@ -118,31 +124,30 @@ class Forker:
         return [self._receive(block=True), *self.pending()]
 
     def _receive(self, block: bool) -> Spawned | Exited | dict | None:
+        """The next message (None: nothing waiting). Anything unreadable is logged and skipped: a child whose
+        hardening failed before it moved its fds into place reports on the fd the forker's socket had."""
         flags = socket.MSG_CMSG_CLOEXEC | (0 if block else socket.MSG_DONTWAIT)
-        try:
-            # socket.recv_fds would do, but it drops its flags argument (CPython 3.11), so it always blocks
-            data, ancillary, _, _ = self.sock.recvmsg(MESSAGE_MAX, socket.CMSG_SPACE(CHILD_FDS * FD_SIZE), flags)
-        except BlockingIOError:
-            return None
-        except OSError as exc:
-            raise ForkerGone(f"the forker is gone: {exc}") from exc
-        fds = array.array("i")
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(payload[: len(payload) - len(payload) % FD_SIZE])
-        if not data:
-            raise ForkerGone("the forker exited")
-        message = json.loads(data)
-        op = message.get("op")
-        if op == "exited":
-            return Exited(message["pid"], message["status"])
-        if op == "spawned":
-            out, err, job, status = fds
-            child = Child(message["pid"], message["uid"], message["scratch"], out, err, job, status, message["born"])
-            return Spawned(message["tag"], child)
-        for fd in fds:
-            os.close(fd)
-        return message
+        while True:
+            try:
+                # socket.recv_fds would do, but it drops its flags argument (CPython 3.11), so it always blocks
+                data, ancillary, _, _ = self.sock.recvmsg(MESSAGE_MAX, socket.CMSG_SPACE(CHILD_FDS.size), flags)
+            except BlockingIOError:
+                return None
+            except OSError as exc:
+                raise ForkerGone(f"the forker is gone: {exc}") from exc
+            if not data:
+                raise ForkerGone("the forker exited")
+            if data[:1] == b"E" and len(data) == EXITED.size:
+                _, pid, status = EXITED.unpack(data)
+                return Exited(pid, status)
+            if data[:1] == b"S" and len(data) == SPAWNED.size and ancillary:
+                _, tag, pid, born = SPAWNED.unpack(data)
+                out, err, job, status = CHILD_FDS.unpack(ancillary[0][2])
+                uid, scratch = self.asked.pop(tag)
+                return Spawned(tag, Child(pid, uid, scratch, out, err, job, status, born))
+            if data[:1] == READY:
+                return json.loads(data[1:])
+            print(f"ignored an unreadable message on the forker's socket: {data[:200]!r}", file=sys.stderr)
 
     def close(self) -> None:
         """End the forker (it kills any cell it still has) and collect its exit."""
@@ -155,6 +160,14 @@ class Forker:
 def serve(sock: socket.socket, cfg: dict) -> None:
     """The forker's life: preload, report, then fork on request and report exits until the zygote hangs up."""
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    # What a cell inherits, set once here so no child spends its first moments (each one copying pages) on it:
+    # the cell environment (the BLAS thread counts in it must be set before numpy loads), and python3's signal
+    # dispositions for a program's own subprocesses, SIGPIPE and SIGINT at their defaults (our sends say
+    # MSG_NOSIGNAL). The one handler it keeps, SIGCHLD's, each child resets (`child._child_main`).
+    os.environ.clear()
+    os.environ.update(cfg["env"])
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     setup = ChildSetup.from_config(cfg)
     started = time.monotonic()
     cell.preload(cfg.get("preload", []))
@@ -163,39 +176,40 @@ def serve(sock: socket.socket, cfg: dict) -> None:
     released_memory = measure_released_headroom(setup)
     gc.collect()
     gc.freeze()  # keeps the forked children from dirtying (copying) every page during a collection
-    _send(sock, {"op": "ready", "warmup_s": round(time.monotonic() - started, 3), "released_memory": released_memory})
+    _send(sock, READY + json.dumps({"warmup_s": round(time.monotonic() - started, 3), "released_memory": released_memory}).encode())
 
     wake_r, wake_w = os.pipe()
     for fd in (wake_r, wake_w):
         os.set_blocking(fd, False)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the signal reaches the wake-up fd
     signal.set_wakeup_fd(wake_w)
-    selector = selectors.DefaultSelector()
-    selector.register(sock, selectors.EVENT_READ)
-    selector.register(wake_r, selectors.EVENT_READ)
-    children: set[int] = set()
+    children: set[int] = set()  # pids of the children not reaped yet
+    # Kept small on purpose: each page this loop writes is copied once per fork (the spares still map it).
     while True:
-        for key, _ in selector.select():
-            if key.fd == wake_r:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(wake_r, 4096)
-                _report_exits(sock, children)
-                continue
-            data = sock.recv(MESSAGE_MAX)
-            if not data:  # the zygote is gone: take its cells with it
-                for pid in children:
-                    procs.kill_group(pid)
-                return
-            request = json.loads(data)
-            child = fork_child(setup, request["uid"], request["scratch"], request["persistent"], request["cpu_s"], time.monotonic())
-            children.add(child.pid)
-            reply = {"op": "spawned", "tag": request["tag"], "pid": child.pid, "uid": child.uid, "scratch": child.scratch, "born": child.born}
-            socket.send_fds(sock, [json.dumps(reply).encode()], list(child.fds()))
-            for fd in child.fds():
-                os.close(fd)
+        readable, _, _ = select.select((sock, wake_r), (), ())
+        if wake_r in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 4096)
+            _report_exits(sock, children)
+        if sock not in readable:
+            continue
+        request = sock.recv(MESSAGE_MAX)
+        if not request:  # the zygote is gone: take its cells with it
+            for pid in children:
+                procs.kill_group(pid)
+            return
+        tag, uid, persistent, cpu_s = SPAWN.unpack_from(request)
+        child = fork_child(setup, None if uid < 0 else uid, request[SPAWN.size :].decode(), persistent, cpu_s, time.monotonic())
+        children.add(child.pid)
+        with contextlib.suppress(OSError):  # the zygote is gone: the next recv says so
+            sock.sendmsg((SPAWNED.pack(b"S", tag, child.pid, child.born),),
+                         ((socket.SOL_SOCKET, socket.SCM_RIGHTS, CHILD_FDS.pack(*child.fds())),), socket.MSG_NOSIGNAL)
+        for fd in child.fds():
+            os.close(fd)
 
 
 def _report_exits(sock: socket.socket, children: set[int]) -> None:
+    """Reap every child that has exited, and the orphans this subreaper inherited (the zygote ignores those)."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -204,11 +218,12 @@ def _report_exits(sock: socket.socket, children: set[int]) -> None:
         if pid == 0:
             return
         children.discard(pid)
-        _send(sock, {"op": "exited", "pid": pid, "status": status})  # orphans it inherited too: the zygote ignores them
+        _send(sock, EXITED.pack(b"E", pid, status))
 
 
-def _send(sock: socket.socket, message: dict) -> None:
-    sock.send(json.dumps(message).encode())
+def _send(sock: socket.socket, message: bytes) -> None:
+    with contextlib.suppress(OSError):  # the zygote is gone: the next recv says so
+        sock.send(message, socket.MSG_NOSIGNAL)
 
 
 def measure_released_headroom(setup: ChildSetup) -> str:
