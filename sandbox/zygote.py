@@ -412,5 +412,6 @@ def main() -> None:
     report["warmup_s"] = forker_ready["warmup_s"]
     report["preloaded"] = cfg.get("preload", [])
     report["released_memory"] = forker_ready["released_memory"]
+    report["huge_page_mb"] = forker_ready["huge_page_mb"]
     zygote.send({"op": "ready", "report": report})
     zygote.serve()
