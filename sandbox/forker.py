@@ -1,11 +1,10 @@
 """The forker: the one process that holds the warm image (the preloads) and forks cells from it.
 
-Why a process of its own: after a fork, every page the parent writes while a child still maps it is copied.
-A zygote that forked its cells itself kept a spare alive per slot, so its whole event loop (frames, jobs,
-selectors, answers) wrote to shared pages: about 300 copy-on-write faults per call, a few microseconds each.
-And each fork (1-2 ms of page-table copying) held up any answer due meanwhile. The zygote now starts this
-process before it imports anything heavy; the forker preloads, and its loop does little but fork, so little is
-copied, and it forks in parallel with the zygote's answering.
+Why a process of its own: after a fork, every page the parent writes while a child still maps it is copied,
+and the forking process always has spares alive. The zygote's event loop (frames, jobs, selectors, answers)
+writes a lot; run in the process that forks, all of it would be copied again after every fork, and every fork
+(page-table copying) would hold up the answers due meanwhile. So the zygote starts this process before it
+imports anything heavy; the forker preloads, and its loop does little but fork, in parallel with the zygote.
 
 For each spawn request it forks a child (`child.fork_child`: hardened, waiting for a job), passes the parent's
 ends of the child's pipes to the zygote over a unix socket (SCM_RIGHTS) and closes its own copies, so it holds
@@ -15,7 +14,7 @@ reports each exit status. Everything else (scheduling, deadlines, output, killin
 Messages, one SOCK_SEQPACKET record each. The per-cell ones are packed structs, not JSON: everything the
 forker's loop touches after a fork is copied, and json's encoder touches a lot.
     zygote -> forker  SPAWN (tag, uid or -1, persistent, cpu_s) + the scratch path in UTF-8
-    forker -> zygote  READY + JSON {"warmup_s", "released_memory"}     once, when preloaded
+    forker -> zygote  READY + JSON {"warmup_s", "released_memory", "huge_page_mb"}     once, when preloaded
                       SPAWNED (tag, pid, born) + fds out, err, job, status
                       EXITED (pid, waitpid status)
 """
@@ -234,11 +233,10 @@ def collapse_into_huge_pages() -> int:
     """Back the warm image's anonymous memory (the heap the preloads built) with 2 MB pages; returns the bytes
     now in them.
 
-    A fork copies one page-table entry per 4 KB page and a cell's exit frees them again, about a millisecond each
-    for a 100 MB image; a huge page is one entry. Copy-on-write stays at 4 KB (the kernel splits a huge page
-    a child writes to), so the pages a cell dirties cost what they did. MADV_COLLAPSE (Linux 6.1) does this now
-    and whatever the system's THP setting; on older kernels, or ranges it refuses (empty reservations), nothing
-    changes."""
+    A fork copies one page-table entry per 4 KB page and a cell's exit frees them again; a huge page is one
+    entry. Copy-on-write stays at 4 KB (the kernel splits a huge page a child writes to), so the pages a cell
+    dirties cost what they did. MADV_COLLAPSE (Linux 6.1) does this now and whatever the system's THP setting;
+    on older kernels, or ranges it refuses (empty reservations), nothing changes."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     collapsed = 0
