@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rstar.config import EngineSettings, default_cache_dir
+from rstar.orphan_guard import guard_this_process
 from rstar.server.engine_defaults import (
     EngineDefaults,
     choose_dtype,
@@ -265,6 +266,7 @@ class VllmEngine:
             **({"compilation_config": compilation} if compilation else {}),
         )
         holder: dict = {}
+        guard_this_process()  # the engine processes vLLM starts die with this one, even if it is killed outright
         with _environment(engine_environment(defaults, accelerator_kind, settings.cpu_kv_cache_gib, os.environ)):
             llm = AsyncLLM.from_engine_args(args, stat_loggers=[_latest_stats_logger(holder)])
         engine = cls(

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -161,8 +162,14 @@ def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_pat
             assert first.poll() is None, first.stderr.read().decode()[-3000:]
             assert time.time() < deadline, "no checkpoint in 10 minutes"
             time.sleep(0.5)
-        os.killpg(first.pid, signal.SIGKILL)  # the trainer and its engine process, as an OOM kill or power loss would
+        engine_processes = [p for p in psutil.Process(first.pid).children(recursive=True) if p.name().startswith("VLLM::")]
+        assert engine_processes
+        os.kill(first.pid, signal.SIGKILL)  # the trainer alone, as the OOM killer picks one process
+        _, left = psutil.wait_procs(engine_processes, timeout=30)
+        assert not left, f"the killed trainer's engine processes outlived it: {left}"  # its orphan guard killed them
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)  # whatever is left of the first run, should the guard have failed
         first.wait(60)
     remove_orphaned_shared_memory(started)  # the killed engine's, before the second run needs the memory
     before = run_steps(db, "killed")

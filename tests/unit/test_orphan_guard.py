@@ -1,0 +1,66 @@
+"""The orphan guard: what a process started dies with it, however it dies."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from rstar.orphan_guard import POLL_S, kill_if_unchanged, start_time
+
+# An owner that starts its guard, then forks a child (as vLLM forks its engine) that sleeps on, and reports it.
+OWNER = """
+import os, time
+from rstar.orphan_guard import guard_this_process
+guard_this_process()
+child = os.fork()
+if child == 0:
+    time.sleep(600)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(600)
+"""
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    """The process has ended (reaped, or a zombie waiting for its new parent to reap it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_killed_owners_forked_child_is_killed_by_its_guard():
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        child = int(owner.stdout.readline())
+        time.sleep(POLL_S * 2.5)  # the guard has seen the child by now
+        os.kill(owner.pid, signal.SIGKILL)  # the owner alone, as the OOM killer picks one process
+        owner.wait(10)
+        assert _gone(child, POLL_S * 5), "the orphaned child outlived its owner"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(owner.pid, signal.SIGKILL)  # the child too, should the guard have failed
+
+
+def test_only_the_process_that_was_seen_is_killed():
+    # Pids are reused: a pid whose process started at another time than the one seen is someone else's.
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        started = start_time(bystander.pid)
+        assert kill_if_unchanged({bystander.pid: started - 1}) == []
+        assert bystander.poll() is None
+        assert kill_if_unchanged({bystander.pid: started}) == [bystander.pid]
+        assert bystander.wait(10) == -signal.SIGKILL
+    finally:
+        bystander.kill()
+        bystander.wait()
