@@ -3,9 +3,9 @@
 A child is forked from the warm image (by the forker, see `forker.py`) with five fds in a fixed layout (stdin,
 stdout, stderr, job pipe, status pipe), the cell environment and default signal dispositions already in place.
 Before any untrusted code it enters its own session and hardens itself (`harden_self`: every layer or none),
-then blocks reading its job pipe. A spare serves one job and exits; a session child loops
-over jobs and keeps its globals. Each job's outcome goes back as one JSON line on the status pipe; the
-zygote reads the child's stdout and stderr itself.
+then blocks reading its job pipe. A spare serves one job and exits; a session child loops over jobs and keeps
+its globals. Each job's outcome goes back as one JSON line on the status pipe; the zygote reads the child's
+stdout and stderr itself.
 
 `Child` is the zygote's handle on such a process: its pid, uid, scratch dir and the parent's pipe ends.
 """
