@@ -5,7 +5,8 @@ train` killed outright (the OOM killer, kill -9) leaves them running, holding th
 `guard_this_process()` starts, once per process, a small guard process. The guard notes every POLL_S which
 processes run under its owner and waits on a pidfd for the owner to end; then it SIGKILLs each process it last
 saw there that is still the same process (same start time, since pids are reused). A process started in the
-owner's last POLL_S is missed.
+owner's last POLL_S is missed. Then it unlinks the POSIX shared memory (/dev/shm/psm_*) the killed processes had
+and no other process uses: vLLM's engine makes segments of hundreds of MB there, RAM until unlinked.
 
 The guard watches a pidfd rather than a pipe from its owner: vLLM forks its engine processes, and a forked child
 keeps every fd, so a pipe's write end would stay open in the very processes the guard is for.
@@ -22,8 +23,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 
 POLL_S = 1.0
+EXIT_WAIT_S = 10.0  # how long the guard waits for the processes it killed to be gone before clearing their memory
+SHM = "/dev/shm/"
+SEGMENT_PREFIX = "psm_"  # multiprocessing.shared_memory's names, which vLLM's engine uses
 
 _guard: subprocess.Popen | None = None
 
@@ -45,6 +50,43 @@ def start_time(pid: int) -> int | None:
             return int(stat.read().rsplit(b")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has: it holds no memory any more)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+def shared_memory_used(pids: Iterable[int] | None = None) -> set[str]:
+    """Names of the /dev/shm files these processes (every process, when None) map or hold open."""
+    names: set[str] = set()
+    for pid in pids if pids is not None else filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                names |= {line.split(SHM, 1)[1].split()[0] for line in maps if SHM in line}
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # the process ended meanwhile, or is not ours to read
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):  # closed meanwhile
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(SHM):
+                    names.add(target.removeprefix(SHM).split()[0])
+    return names
+
+
+def unlink_unused_shared_memory(names: Iterable[str]) -> list[str]:
+    """Unlink those of `names` that no live process maps or holds open; returns the ones unlinked."""
+    unused = set(names) - shared_memory_used()
+    for name in unused:
+        if "/" not in name:
+            with contextlib.suppress(OSError):
+                os.unlink(SHM + name)
+    return sorted(unused)
 
 
 def descendants(root: int) -> dict[int, int]:
@@ -88,7 +130,12 @@ def watch(owner: int) -> None:
     seen: dict[int, int] = {}
     while not owner_ended():
         seen = {pid: started for pid, started in descendants(owner).items() if pid != os.getpid()}
-    kill_if_unchanged(seen)
+    segments = {name for name in shared_memory_used(seen) if name.startswith(SEGMENT_PREFIX)}
+    killed = kill_if_unchanged(seen)
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while any(running(pid) for pid in killed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    unlink_unused_shared_memory(segments)
 
 
 def kill_if_unchanged(seen: dict[int, int]) -> list[int]:

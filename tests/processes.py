@@ -3,14 +3,14 @@ clearing what a killed engine leaves in shared memory."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
+
+from rstar.orphan_guard import SEGMENT_PREFIX, SHM, unlink_unused_shared_memory
 
 
 def free_port() -> int:
@@ -35,24 +35,7 @@ def wait_until_serving(process: subprocess.Popen, url: str, log_path: Path, time
 
 def remove_orphaned_shared_memory(since: float) -> list[str]:
     """Unlink the POSIX shared-memory segments vLLM made (/dev/shm/psm_*) since `since` (a time.time()) that no
-    live process maps or holds open: what a SIGKILLed engine leaves behind. They are RAM (tmpfs) until unlinked,
-    so a suite that kills engines on purpose would otherwise shrink the memory of every later run on the machine."""
-    shm = Path("/dev/shm")
-    candidates = {p.name for p in shm.glob("psm_*") if p.stat().st_mtime >= since}
-    if not candidates:
-        return []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/maps") as maps:
-                candidates -= {line.rsplit("/dev/shm/", 1)[1].split()[0] for line in maps if "/dev/shm/psm_" in line}
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:  # the process ended meanwhile, or is not ours to read
-            continue
-        for fd in fds:
-            with contextlib.suppress(OSError):  # closed meanwhile
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("/dev/shm/psm_"):
-                    candidates.discard(target.removeprefix("/dev/shm/").split()[0])
-    for name in candidates:
-        (shm / name).unlink(missing_ok=True)
-    return sorted(candidates)
+    live process maps or holds open: what an engine killed together with its orphan guard leaves behind. They are RAM (tmpfs)
+    until unlinked, so a suite that kills engines on purpose would otherwise shrink the memory of every later run."""
+    shm = Path(SHM)
+    return unlink_unused_shared_memory(p.name for p in shm.glob(SEGMENT_PREFIX + "*") if p.stat().st_mtime >= since)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import httpx
 import psutil
-import pytest
 import torch
 from safetensors.torch import load_file
 
+from rstar.orphan_guard import shared_memory_used
 from rstar.rl.data import Problem
 from rstar.rl.recipe import parse_recipe
 from rstar.rl.rollout import RolloutEnv
@@ -31,6 +31,7 @@ from rstar.sandbox.settings import SandboxSettings
 from rstar.server.chat_template import rstar_template
 from rstar.server.db import open_database
 from tests.processes import remove_orphaned_shared_memory
+from tests.waiting import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,15 +164,19 @@ def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_pat
             assert time.time() < deadline, "no checkpoint in 10 minutes"
             time.sleep(0.5)
         engine_processes = [p for p in psutil.Process(first.pid).children(recursive=True) if p.name().startswith("VLLM::")]
-        assert engine_processes
+        segments = {name for name in shared_memory_used(p.pid for p in engine_processes) if name.startswith("psm_")}
+        assert engine_processes and segments
         os.kill(first.pid, signal.SIGKILL)  # the trainer alone, as the OOM killer picks one process
+        # Its orphan guard kills its engine processes, then unlinks their shared memory (RAM the next run needs).
         _, left = psutil.wait_procs(engine_processes, timeout=30)
-        assert not left, f"the killed trainer's engine processes outlived it: {left}"  # its orphan guard killed them
+        assert not left, f"the killed trainer's engine processes outlived it: {left}"
+        wait_for(lambda: not any((Path("/dev/shm") / name).exists() for name in segments), timeout_s=10,
+                 failure="the killed engine's shared memory stayed in /dev/shm")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(first.pid, signal.SIGKILL)  # whatever is left of the first run, should the guard have failed
         first.wait(60)
-    remove_orphaned_shared_memory(started)  # the killed engine's, before the second run needs the memory
+        remove_orphaned_shared_memory(started)  # should the guard have failed, before the second run needs the memory
     before = run_steps(db, "killed")
     assert before == [1], f"the run was killed after {before}, not after its first step"
     checkpointed = json.loads((run_dir / "checkpoint-1" / "trainer_state.json").read_text())

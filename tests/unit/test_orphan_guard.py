@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import signal
 import subprocess
@@ -10,17 +11,24 @@ import sys
 import time
 
 from rstar.orphan_guard import POLL_S, kill_if_unchanged, start_time
+from tests.waiting import wait_for
 
-# An owner that starts its guard, then forks a child (as vLLM forks its engine) that sleeps on, and reports it.
+# An owner that starts its guard, maps a shared-memory segment named as vLLM's are, then forks a child (as vLLM
+# forks its engine) that keeps the mapping and sleeps on; it reports the child and the segment.
 OWNER = """
-import os, time
+import mmap, os, time
 from rstar.orphan_guard import guard_this_process
 guard_this_process()
+name = f"psm_guardtest_{os.getpid()}"
+fd = os.open("/dev/shm/" + name, os.O_CREAT | os.O_RDWR, 0o600)
+os.ftruncate(fd, 1 << 20)
+segment = mmap.mmap(fd, 1 << 20)
+os.close(fd)
 child = os.fork()
 if child == 0:
     time.sleep(600)
     os._exit(0)
-print(child, flush=True)
+print(child, name, flush=True)
 time.sleep(600)
 """
 
@@ -42,14 +50,19 @@ def _gone(pid: int, timeout: float) -> bool:
 def test_a_killed_owners_forked_child_is_killed_by_its_guard():
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        child = int(owner.stdout.readline())
+        child, segment = owner.stdout.readline().split()
+        assert os.path.exists(f"/dev/shm/{segment}")
         time.sleep(POLL_S * 2.5)  # the guard has seen the child by now
         os.kill(owner.pid, signal.SIGKILL)  # the owner alone, as the OOM killer picks one process
         owner.wait(10)
-        assert _gone(child, POLL_S * 5), "the orphaned child outlived its owner"
+        assert _gone(int(child), POLL_S * 5), "the orphaned child outlived its owner"
+        wait_for(lambda: not os.path.exists(f"/dev/shm/{segment}"), timeout_s=5,
+                 failure="the killed processes' shared memory was left in /dev/shm")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(owner.pid, signal.SIGKILL)  # the child too, should the guard have failed
+        for leftover in glob.glob(f"/dev/shm/psm_guardtest_{owner.pid}"):
+            os.unlink(leftover)
 
 
 def test_only_the_process_that_was_seen_is_killed():
