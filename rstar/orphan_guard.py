@@ -81,11 +81,10 @@ def shared_memory_used(pids: Iterable[int] | None = None) -> set[str]:
 
 def unlink_unused_shared_memory(names: Iterable[str]) -> list[str]:
     """Unlink those of `names` that no live process maps or holds open; returns the ones unlinked."""
-    unused = set(names) - shared_memory_used()
+    unused = {name for name in names if "/" not in name} - shared_memory_used()  # files of /dev/shm itself only
     for name in unused:
-        if "/" not in name:
-            with contextlib.suppress(OSError):
-                os.unlink(SHM + name)
+        with contextlib.suppress(OSError):  # gone meanwhile
+            os.unlink(SHM + name)
     return sorted(unused)
 
 
