@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from rstar.hardware import cpu_info
+from rstar.orphan_guard import descendants, process_table
 from rstar.sandbox import cell, protocol
 from rstar.sandbox.launch import THREAD_ENV
 from rstar.sandbox.clients import LocalClient
@@ -177,23 +178,13 @@ def tree_usage() -> tuple[float, int]:
     """CPU seconds and minor page faults of this process and every process under it, counting the ones that
     exited once their parent reaped them (the zygote reaps its cells, a warm server its forks, this process
     the fresh interpreters). A delta over a run is what the run cost the machine, wherever it ran."""
-    stats = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{pid}/stat") as stat:
-                stats[int(pid)] = stat.read().rsplit(")", 1)[1].split()  # fields after the command name
-    children: dict[int, list[int]] = {}
-    for pid, fields in stats.items():
-        children.setdefault(int(fields[1]), []).append(pid)  # fields[1]: the parent's pid
-    tree, todo = [], [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(children.get(pid, []))
+    table = process_table()
+    tree = [os.getpid(), *descendants(os.getpid(), table)]
+    stats = {pid: table[pid] for pid in tree if pid in table}
     ticks = os.sysconf("SC_CLK_TCK")
     # fields[7:9]: minor faults, of reaped children; fields[11:15]: user and system time, of reaped children
-    cpu = sum(int(value) for pid in tree if pid in stats for value in stats[pid][11:15]) / ticks
-    faults = sum(int(stats[pid][7]) + int(stats[pid][8]) for pid in tree if pid in stats)
+    cpu = sum(int(value) for fields in stats.values() for value in fields[11:15]) / ticks
+    faults = sum(int(fields[7]) + int(fields[8]) for fields in stats.values())
     return cpu, faults
 
 

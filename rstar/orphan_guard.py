@@ -43,22 +43,50 @@ def guard_this_process() -> None:
                               start_new_session=True)
 
 
-def start_time(pid: int) -> int | None:
-    """When the process started (clock ticks since boot), or None when there is no such process."""
+def stat_fields(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name, or None when there is no such process. By proc(5)'s
+    numbering less 3: [0] state, [1] parent pid, [7] minor faults, [8] those of reaped children, [11:13] user
+    and system time, [13:15] those of reaped children, [19] start time."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            return int(stat.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
+            return stat.read().rsplit(b")", 1)[1].split()  # the command name may hold spaces and parentheses
+    except OSError:
         return None
+
+
+def process_table() -> dict[int, list[bytes]]:
+    """pid -> stat fields of every process there is."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (fields := stat_fields(name)) is not None:
+            table[int(name)] = fields
+    return table
+
+
+def descendants(root: int, table: dict[int, list[bytes]] | None = None) -> list[int]:
+    """Every process under `root` (not `root` itself), from `table` or a fresh one."""
+    table = process_table() if table is None else table
+    children: dict[int, list[int]] = {}
+    for pid, fields in table.items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def start_time(pid: int) -> int | None:
+    """When the process started (clock ticks since boot), or None when there is no such process."""
+    fields = stat_fields(pid)
+    return int(fields[19]) if fields is not None else None
 
 
 def running(pid: int) -> bool:
     """The process exists and has not exited (a zombie has: it holds no memory any more)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except OSError:
-        return False
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] not in (b"Z", b"X")
 
 
 def shared_memory_used(pids: Iterable[int] | None = None) -> set[str]:
@@ -88,28 +116,6 @@ def unlink_unused_shared_memory(names: Iterable[str]) -> list[str]:
     return sorted(unused)
 
 
-def descendants(root: int) -> dict[int, int]:
-    """pid -> start time of every process under `root` (not `root` itself)."""
-    children: dict[int, list[int]] = {}
-    started: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(name))
-        started[int(name)] = int(fields[19])
-    found, todo = {}, list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        found[pid] = started[pid]
-        todo.extend(children.get(pid, []))
-    return found
-
-
 def watch(owner: int) -> None:
     """The guard's life: note the owner's descendants until the owner ends, then kill what is left of them."""
     born = start_time(owner)
@@ -128,7 +134,8 @@ def watch(owner: int) -> None:
 
     seen: dict[int, int] = {}
     while not owner_ended():
-        seen = {pid: started for pid, started in descendants(owner).items() if pid != os.getpid()}
+        table = process_table()
+        seen = {pid: int(table[pid][19]) for pid in descendants(owner, table) if pid != os.getpid()}
     segments = {name for name in shared_memory_used(seen) if name.startswith(SEGMENT_PREFIX)}
     killed = kill_if_unchanged(seen)
     deadline = time.monotonic() + EXIT_WAIT_S

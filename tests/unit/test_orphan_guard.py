@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from rstar.orphan_guard import POLL_S, kill_if_unchanged, start_time
+from rstar.orphan_guard import POLL_S, kill_if_unchanged, running, start_time
 from tests.waiting import wait_for
 
 # An owner that starts its guard, maps a shared-memory segment named as vLLM's are, then forks a child (as vLLM
@@ -33,20 +33,6 @@ time.sleep(600)
 """
 
 
-def _gone(pid: int, timeout: float) -> bool:
-    """The process has ended (reaped, or a zombie waiting for its new parent to reap it)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_a_killed_owners_forked_child_is_killed_by_its_guard():
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -55,7 +41,7 @@ def test_a_killed_owners_forked_child_is_killed_by_its_guard():
         time.sleep(POLL_S * 2.5)  # the guard has seen the child by now
         os.kill(owner.pid, signal.SIGKILL)  # the owner alone, as the OOM killer picks one process
         owner.wait(10)
-        assert _gone(int(child), POLL_S * 5), "the orphaned child outlived its owner"
+        wait_for(lambda: not running(int(child)), timeout_s=POLL_S * 5, failure="the orphaned child outlived its owner")
         wait_for(lambda: not os.path.exists(f"/dev/shm/{segment}"), timeout_s=5,
                  failure="the killed processes' shared memory was left in /dev/shm")
     finally:

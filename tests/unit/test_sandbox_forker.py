@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from rstar.orphan_guard import descendants, stat_fields
+
 
 def _kernel_at_least(major: int, minor: int) -> bool:
     release = platform.release().split("-")[0].split(".")
@@ -26,33 +28,6 @@ def test_the_warm_image_sits_in_huge_pages(sandbox_pool):
     assert sandbox_pool.run("import numpy, sympy\nprint(numpy.pi, sympy.S.Half)").stdout == "3.141592653589793 1/2\n"
 
 
-def _process_tree(root: int) -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, real uid) of `root` and every process under it."""
-    import os
-
-    table = {}
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/status") as status:
-                fields = dict(line.split(":", 1) for line in status if ":" in line)
-            table[int(name)] = (int(fields["PPid"]), int(fields["Uid"].split()[0]))
-        except (OSError, KeyError, ValueError):
-            continue
-    tree, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        tree[pid] = table.get(pid, (0, -1))
-        todo.extend(child for child, (parent, _) in table.items() if parent == pid)
-    return tree
-
-
-def _depth(tree: dict[int, tuple[int, int]], pid: int) -> int:
-    depth = 0
-    while tree[pid][0] in tree:
-        pid, depth = tree[pid][0], depth + 1
-    return depth
-
-
 def test_a_dead_forker_takes_its_zygote_down_and_both_are_replaced(sandbox_host_processes_fn):
     import signal
 
@@ -65,12 +40,13 @@ def test_a_dead_forker_takes_its_zygote_down_and_both_are_replaced(sandbox_host_
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
             in_flight = ex.submit(pool.run, "import time; time.sleep(5)")
             time.sleep(0.5)
-            tree = _process_tree(pool.pool._zygote.proc.pid)
-            # bwrap -> bwrap's init -> the zygote -> the forker -> cells: the forker is the one process not
-            # running as a cell uid whose parent is the zygote, i.e. the deepest such process.
-            forker = max((pid for pid, (_, uid) in tree.items() if uid == os.getuid()), key=lambda pid: _depth(tree, pid))
-            cells = [pid for pid, (parent, uid) in tree.items() if uid != os.getuid()]
-            assert cells and all(tree[pid][0] == forker for pid in cells)  # the forker is every cell's parent
+            # bwrap -> bwrap's init -> the zygote -> the forker -> cells: one process, in this pool's tree and
+            # not a cell, is every cell's parent.
+            cells = sandbox_host_processes_fn(settings.uid_base, settings.workers + settings.spare_cells)
+            parents = {int(stat_fields(pid)[1]) for pid in cells}
+            assert cells and len(parents) == 1
+            forker = parents.pop()
+            assert forker in descendants(pool.pool._zygote.proc.pid) and forker not in cells
             os.kill(forker, signal.SIGKILL)
             lost = in_flight.result(30)
         assert lost.status == "internal_error" and "restarted" in lost.stderr
