@@ -72,7 +72,7 @@ class Forker:
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock, self.pid = sock, pid
         self.tags = iter(range(1, 1 << 62))
-        self.asked: dict[int, tuple[int | None, str]] = {}  # tag -> (uid, scratch) of a child not yet spawned
+        self.asked: dict[int, tuple[int | None, str]] = {}  # tag -> (uid, scratch) of a child not yet received
 
     @classmethod
     def start(cls, cfg: dict) -> tuple["Forker", dict]:

@@ -352,6 +352,8 @@ class Zygote:
         now = time.monotonic()
         if not (self.drop_uid and self.groups_sealed) or now - self.last_sweep < STRAY_SWEEP_S:
             return
+        if self.forker.asked:
+            return  # a child forked for a request not yet answered runs as a cell uid in a group we do not know yet
         self.last_sweep = now
         strays = procs.kill_strays(self.uid_base, self.uid_count(), set(self.live_children()) | self.killed)
         if strays:

@@ -55,3 +55,28 @@ def test_a_dead_forker_takes_its_zygote_down_and_both_are_replaced(sandbox_host_
         assert not set(cells) & set(sandbox_host_processes_fn(settings.uid_base, settings.workers + settings.spare_cells))
     finally:
         pool.close()
+
+
+def test_the_stray_sweep_waits_while_a_spawn_is_in_flight(monkeypatch):
+    # A spare the forker has forked but the zygote has not received yet runs as a cell uid in a process group
+    # the zygote does not know: a sweep then would kill it as a stray (seen in CI: its call failed at once).
+    from rstar.sandbox import procs, zygote
+    from rstar.sandbox.forker import Forker
+
+    class Quiet(Forker):
+        def __init__(self) -> None:
+            self.asked = {}
+
+    forker = Quiet()
+    cfg = {"slots": 2, "drop_uid": True, "uid_base": 61000, "max_output_bytes": 1000, "max_sessions": 1,
+           "session_ttl_s": 60, "groups_sealed": True}
+    sweeps = []
+    monkeypatch.setattr(procs, "kill_strays", lambda *args: sweeps.append(args) or [])
+    z = zygote.Zygote(cfg, forker)
+    z.last_sweep -= zygote.STRAY_SWEEP_S + 1
+    forker.asked[1] = (61000, "/tmp/slot0")
+    z.sweep_strays()
+    assert sweeps == []
+    forker.asked.clear()
+    z.sweep_strays()
+    assert len(sweeps) == 1
