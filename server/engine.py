@@ -309,8 +309,6 @@ class VllmEngine:
         """Stream one sequence. Closing the iterator early (client gone, task cancelled) aborts the request.
         Input vLLM refuses raises ValueError before the first delta, as older vLLM releases raised it (newer
         ones raise their VLLMClientError for some checks), so the API can answer it as the client's 400."""
-        from vllm.inputs import TokensPrompt
-
         try:
             from vllm.exceptions import VLLMClientError as Refused
         except ImportError:  # releases before it raise ValueError only
@@ -322,7 +320,7 @@ class VllmEngine:
         request_id = request_id or uuid.uuid4().hex
         finished = started = False
         try:
-            stream = self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), self._sampling_params(options), request_id)
+            stream = self.llm.generate(_engine_prompt(prompt_ids), self._sampling_params(options), request_id)
             async with contextlib.aclosing(stream):
                 async for output in stream:
                     started = True
@@ -354,13 +352,12 @@ class VllmEngine:
 
     async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
         if failure := self.failure():
             raise EngineFailed(failure)
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
         final = None
-        async for output in self.llm.generate(TokensPrompt(prompt_token_ids=list(token_ids)), params, f"prompt-logprobs-{uuid.uuid4().hex}"):
+        async for output in self.llm.generate(_engine_prompt(token_ids), params, f"prompt-logprobs-{uuid.uuid4().hex}"):
             final = output
         # Position 0 has no logprob; each later entry holds the actual token's (rank-0 asked: it alone).
         return [step[token].logprob for token, step in zip(token_ids[1:], final.prompt_logprobs[1:])]
@@ -421,6 +418,19 @@ class VllmEngine:
             self.llm.shutdown()
             self.llm = None
         self._failed = "the engine has been shut down"
+
+
+def _engine_prompt(token_ids: Sequence[int]):
+    """Token ids in the form vLLM 0.32's AsyncLLM validates in place (`tokens_input`). A raw `TokensPrompt` is
+    deprecated there and takes a hop through a thread pool per request before it is sent to the engine core.
+    Older vLLM releases take the raw form only."""
+    try:
+        from vllm.inputs.engine import tokens_input
+    except ImportError:
+        from vllm.inputs import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=list(token_ids))
+    return tokens_input(list(token_ids))
 
 
 def _kv_cache_tokens(llm) -> int:

@@ -82,6 +82,16 @@ def test_abort_by_request_id_ends_the_stream(engine, loop_thread, prompt_ids):
     wait_for(lambda: engine.stats().unfinished == 0)
 
 
+def test_input_the_engine_refuses_is_a_value_error_before_any_delta(engine, loop_thread, prompt_ids):
+    """vLLM validates token ids where the request is added; that check must reach the caller as ValueError (the
+    API's 400) and leave the engine serving."""
+    outside_vocabulary = [*prompt_ids, len(engine.tokenizer) + 1000]
+    with pytest.raises(ValueError, match="(?i)token"):
+        loop_thread.run(collect(engine, outside_vocabulary, GREEDY))
+    assert engine.stats().unfinished == 0
+    assert len([t for d in loop_thread.run(collect(engine, prompt_ids, GREEDY)) for t in d.token_ids]) == 12
+
+
 def test_stats_report_running_requests_and_kv_usage(engine, loop_thread, prompt_ids):
     async def sample_stats_while_busy():
         options = SamplingOptions(max_tokens=64, temperature=0.0, ignore_eos=True)
