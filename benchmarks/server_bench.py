@@ -11,7 +11,9 @@ Measured, in one run:
   throughput    /v1/chat/completions, streaming, temperature 0, the same prompts to vLLM, to ours with the tool
                 prompt on (our default) and to ours with `builtin_tools: false`, at concurrency 1, 8 and 32,
                 64-token answers, rounds alternating, median of rounds: completion tokens/s and time to first
-                content token.
+                content token. Beside them, in the same alternating rounds, `engine_alone`: our engine with the
+                defaults `rstar serve` picks, driven in this process on the same templated prompts with no HTTP,
+                no agent loop: what any server on this engine and machine could reach at most (not a goal).
   loop          the agent loop's own time per tool turn, model and code time excluded: run_trajectory
                 on an instant scripted engine and an instant executor, real tokenizer and template.
   disconnects   (full run) 100 concurrent streaming clients on our server, every one on the forced tool-call
@@ -46,8 +48,8 @@ PROMPTS = [f"Write two sentences about the number {i}." for i in range(64)]
 CALL = '<tool_call>\n{{"name": "python_code_with_standard_io", "arguments": {{"code": {code}, "input": ""}}}}\n</tool_call>'
 QUICK_CODE = "print(6*7)"
 SLOW_CODE = "import time\ntime.sleep(2)\nprint(1)"
-# Which server each measured client talks to, and whether ours gets the tool prompt.
-CLIENTS = {"vllm": ("vllm", None), "ours": ("ours", True), "ours_no_tools": ("ours", False)}
+# Which server each measured client talks to, and whether ours gets the tool prompt; "engine" is EngineAlone.
+CLIENTS = {"vllm": ("vllm", None), "ours": ("ours", True), "ours_no_tools": ("ours", False), "engine_alone": ("engine", None)}
 
 
 def free_port() -> int:
@@ -146,6 +148,41 @@ def picked_defaults(log_path: Path) -> str | None:
     return match.group(0) if match else None
 
 
+class EngineAlone:
+    """Our engine (`VllmEngine`, the defaults `rstar serve` picks) in this process, fed token ids directly."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    @classmethod
+    async def start(cls, compile_caches: Path | None) -> "EngineAlone":
+        from rstar.config import load_settings
+        from rstar.server.engine import VllmEngine
+        from rstar.server.model_store import resolve_model
+
+        settings = load_settings()
+        cache_dir = compile_caches / "rstar" if compile_caches is not None else settings.cache_dir
+        engine_settings = settings.engine.model_copy(update={"max_model_len": MAX_MODEL_LEN})
+        model_dir = resolve_model("default", settings.models_dir).path
+        return cls(await VllmEngine.start(model_dir, engine_settings, cache_dir=cache_dir))
+
+    async def stream(self, prompt: str, max_tokens: int) -> tuple[float, int, float]:
+        """As `one_stream`: (time to first token, completion tokens, total time)."""
+        from rstar.server.engine import SamplingOptions
+
+        tokenizer = self.engine.tokenizer
+        # The prompt vLLM's server renders for this message: the model's own chat template, no tool prompt.
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+        prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+        started = time.perf_counter()
+        first, tokens = None, 0
+        async for delta in self.engine.generate(prompt_ids, SamplingOptions(max_tokens=max_tokens, temperature=0.0)):
+            if first is None and delta.token_ids:
+                first = time.perf_counter() - started
+            tokens += len(delta.token_ids)
+        return first if first is not None else float("nan"), tokens, time.perf_counter() - started
+
+
 # -- throughput -----------------------------------------------------------------------------------------
 
 
@@ -177,13 +214,15 @@ async def one_stream(http: httpx.AsyncClient, server: Server, tools: bool | None
     return first if first is not None else float("nan"), tokens, time.perf_counter() - started
 
 
-async def throughput_round(server: Server, tools: bool | None, concurrency: int, requests: int, max_tokens: int) -> dict:
+async def throughput_round(server: Server | EngineAlone, tools: bool | None, concurrency: int, requests: int, max_tokens: int) -> dict:
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4)
 
     async with httpx.AsyncClient(limits=limits) as http:
         async def run(i: int):
             async with gate:
+                if isinstance(server, EngineAlone):
+                    return await server.stream(PROMPTS[i % len(PROMPTS)], max_tokens)
                 return await one_stream(http, server, tools, PROMPTS[i % len(PROMPTS)], max_tokens)
 
         started = time.perf_counter()
@@ -195,7 +234,7 @@ async def throughput_round(server: Server, tools: bool | None, concurrency: int,
             "ttft_p50_ms": round(statistics.median(ttfts) * 1000, 1), "ttft_p95_ms": round(ttfts[int(0.95 * (len(ttfts) - 1))] * 1000, 1)}
 
 
-async def throughput(servers: dict[str, Server], quick: bool) -> dict:
+async def throughput(servers: dict[str, Server | EngineAlone], quick: bool) -> dict:
     plan = {1: 3, 8: 8} if quick else {1: 12, 8: 48, 32: 128}
     rounds = 1 if quick else 3
     max_tokens = 32 if quick else 64
@@ -218,7 +257,7 @@ async def throughput(servers: dict[str, Server], quick: bool) -> dict:
             }
         vllm = table["vllm"][concurrency]
         line = f"  concurrency {concurrency:>2}: vLLM {vllm['tokens_per_s']:6.1f} tok/s (TTFT p50 {vllm['ttft_p50_ms']:.0f} ms)"
-        for client in ("ours", "ours_no_tools"):
+        for client in ("ours", "ours_no_tools", "engine_alone"):
             ours = table[client][concurrency]
             line += f"; {client} {ours['tokens_per_s']:6.1f} (TTFT {ours['ttft_p50_ms']:.0f} ms, ratio {ours['tokens_per_s'] / vllm['tokens_per_s']:.3f})"
         print(line, flush=True)
@@ -366,7 +405,13 @@ async def main_async(args, model_dir: str, log_dir: Path) -> dict:
     try:
         start_times, servers = await start_up(launcher, args.quick)
         figures = {"start_up": start_times, "rstar_defaults": picked_defaults(servers["ours"].log_path)}
-        figures["throughput"] = await throughput(servers, args.quick)
+        alone = await EngineAlone.start(compile_caches)
+        try:
+            figures["throughput"] = await throughput({**servers, "engine": alone}, args.quick)
+        finally:
+            await alone.engine.shutdown()
+        table = figures["throughput"]
+        figures["engine_alone_ratio_to_vllm"] = {c: round(table["engine_alone"][c]["tokens_per_s"] / table["vllm"][c]["tokens_per_s"], 3) for c in table["vllm"]}
         servers["vllm"].stop()  # the storm runs on ours alone
         if not args.quick:
             figures["disconnects"] = await disconnects(servers["ours"], args.quick)
