@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small workload, finishes in under 3 minutes")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_bench.json"))
     args = parser.parse_args()
-    # Nine rounds: on two shared cores single rounds differ by up to 10%, and five left the median moving by 4%.
+    # Nine rounds: single rounds on two cores differ by up to 10%, more than the gap the goal measures.
     rounds, tokens = (2, 32) if args.quick else (9, 128)
 
     settings = load_settings()
