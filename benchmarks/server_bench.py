@@ -155,15 +155,13 @@ class EngineAlone:
         self.engine = engine
 
     @classmethod
-    async def start(cls, compile_caches: Path | None) -> "EngineAlone":
+    async def start(cls, model_dir: str, compile_caches: Path | None) -> "EngineAlone":
         from rstar.config import load_settings
         from rstar.server.engine import VllmEngine
-        from rstar.server.model_store import resolve_model
 
         settings = load_settings()
         cache_dir = compile_caches / "rstar" if compile_caches is not None else settings.cache_dir
         engine_settings = settings.engine.model_copy(update={"max_model_len": MAX_MODEL_LEN})
-        model_dir = resolve_model("default", settings.models_dir).path
         return cls(await VllmEngine.start(model_dir, engine_settings, cache_dir=cache_dir))
 
     async def stream(self, prompt: str, max_tokens: int) -> tuple[float, int, float]:
@@ -405,7 +403,7 @@ async def main_async(args, model_dir: str, log_dir: Path) -> dict:
     try:
         start_times, servers = await start_up(launcher, args.quick)
         figures = {"start_up": start_times, "rstar_defaults": picked_defaults(servers["ours"].log_path)}
-        alone = await EngineAlone.start(compile_caches)
+        alone = await EngineAlone.start(model_dir, compile_caches)
         try:
             figures["throughput"] = await throughput({**servers, "engine": alone}, args.quick)
         finally:
