@@ -13,14 +13,18 @@ Besides rendering, a template knows three pieces of its own text that the token-
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
 import jinja2
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
@@ -46,8 +50,55 @@ _SENTINEL = "\x00rstar-content\x00"
 
 TemplateKind = Literal["rstar", "model", "file"]
 
-# What render() itself passes; `chat_template_kwargs` may not override them.
-RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "tokenize"})
+# What render() itself passes, and the parameters of transformers' `apply_chat_template` (which a model's
+# own template is rendered through): `chat_template_kwargs` may never set them. `chat_template` among them
+# would let a request supply the whole Jinja source the server renders.
+RESERVED_VARIABLES = frozenset(
+    {"messages", "conversation", "tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template"}
+    | {"tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+)
+
+
+class RenderTimeout(Exception):
+    """A render that ran past its deadline (`render_deadline`)."""
+
+
+_deadline = threading.local()
+
+
+@contextlib.contextmanager
+def render_deadline(seconds: float) -> Iterator[None]:
+    """Renders on this thread within the block stop with RenderTimeout once `seconds` have passed. Checked at
+    every call, attribute and item lookup of the template (each loop step over data or `range` makes some), so
+    a runaway loop stops; a model's own template, rendered by its tokenizer, is outside this environment."""
+    previous = getattr(_deadline, "at", None)
+    _deadline.at = time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _deadline.at = previous
+
+
+def _check_deadline() -> None:
+    at = getattr(_deadline, "at", None)
+    if at is not None and time.monotonic() > at:
+        raise RenderTimeout("the chat template ran past its time limit")
+
+
+class _TimedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, checking the thread's render deadline at every call and lookup."""
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
+        _check_deadline()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def getattr(self, obj, attribute):
+        _check_deadline()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj, argument):
+        _check_deadline()
+        return super().getitem(obj, argument)
 
 
 def tojson(value: Any) -> str:
@@ -109,16 +160,26 @@ def _normalize_call(call: Mapping) -> dict:
     return {**call, "function": function} if "function" in call else function
 
 
-def _compile(source: str) -> jinja2.Template:
-    # The same environment transformers renders chat templates in, so files render identically there.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+def _environment() -> jinja2.Environment:
+    # The same settings transformers renders chat templates with, so files render identically there.
+    env = _TimedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
 
     def raise_exception(message: str):
         raise jinja2.exceptions.TemplateError(message)
 
     env.globals["raise_exception"] = raise_exception
-    return env.from_string(source)
+    return env
+
+
+def _compile(source: str) -> jinja2.Template:
+    return _environment().from_string(source)
+
+
+def template_variables(source: str) -> frozenset[str]:
+    """The variables a template reads that it is not given by every render: the only ones a request's
+    `chat_template_kwargs` may set (vLLM resolves them the same way)."""
+    return frozenset(jinja2.meta.find_undeclared_variables(_environment().parse(source))) - RESERVED_VARIABLES
 
 
 @dataclass(frozen=True)
@@ -135,10 +196,16 @@ class ChatTemplate:
     variables: tuple[tuple[str, Any], ...] = ()
 
     def with_variables(self, variables: Mapping[str, Any]) -> "ChatTemplate":
-        """The same template rendering with these variables too (a template ignores those it does not use)."""
+        """The same template rendering with these variables too. ValueError for a render parameter; variables
+        the template does not read are left out, so one request's choices work across templates."""
         if reserved := sorted(set(variables) & RESERVED_VARIABLES):
             raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
-        return replace(self, variables=tuple(sorted({**dict(self.variables), **variables}.items())))
+        read = {name: value for name, value in variables.items() if name in self.readable_variables}
+        return replace(self, variables=tuple(sorted({**dict(self.variables), **read}.items())))
+
+    @cached_property
+    def readable_variables(self) -> frozenset[str]:
+        return template_variables(self.source)
 
     @cached_property
     def _compiled(self) -> jinja2.Template:

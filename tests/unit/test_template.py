@@ -147,3 +147,37 @@ def test_encode_maps_chatml_markers_to_their_special_ids(default_tokenizer):
     assert ids[0] == im_start
     assert ids.count(im_start) == 3 and ids.count(im_end) == 2  # system, user, then the open assistant turn
     assert default_tokenizer.decode(ids) == template.render([QUESTION], TOOLS, add_generation_prompt=True)
+
+
+# Two nested loops a client would size to hold the server: the source of GHSA-6fvq-23cw-5628's kind of attack.
+RUNAWAY = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+
+
+@pytest.mark.parametrize("name", ["chat_template", "tokenize", "return_dict", "tokenizer_kwargs", "messages"])
+def test_request_variables_cannot_set_render_parameters(default_tokenizer, name):
+    # `chat_template` would hand the tokenizer a whole Jinja source of the client's choosing.
+    model = choose_template(default_tokenizer, "SmolLM2-135M-Instruct", override="model")
+    with pytest.raises(ValueError, match=name):
+        model.with_variables({name: RUNAWAY})
+
+
+def test_only_the_variables_a_template_reads_reach_its_render(default_tokenizer):
+    template = rstar_template(default_tokenizer)
+    assert "math_instruction" in template.readable_variables
+    variant = template.with_variables({"math_instruction": False, "nonce": 1})
+    assert variant.variables == (("math_instruction", False),)
+    assert "This is the problem" not in variant.render([QUESTION])
+
+
+def test_a_render_stops_at_its_deadline():
+    import time
+
+    from rstar.server.chat_template import RenderTimeout, render_deadline
+
+    runaway = ChatTemplate(kind="file", source=RUNAWAY)
+    started = time.monotonic()
+    with pytest.raises(RenderTimeout), render_deadline(0.2):
+        runaway.render([QUESTION])
+    assert time.monotonic() - started < 1.0
+    # Outside the block the same thread renders without a limit again.
+    assert ChatTemplate(kind="file", source="{{ messages[0].content }}").render([QUESTION]) == QUESTION["content"]
