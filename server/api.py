@@ -77,6 +77,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
         try:
             yield
         finally:
+            serving.renderer.shutdown(wait=False, cancel_futures=True)
             await sandbox.close()
             await engine.shutdown()
             close_database(app.state.database)

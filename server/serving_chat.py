@@ -68,7 +68,7 @@ class ChatService(AgentServing):
         )
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
         tool_choice = request.tool_choice.model_dump() if hasattr(request.tool_choice, "model_dump") else request.tool_choice
-        return self.plan(request_messages(request.messages), tools, tool_choice, request.builtin_tools, options, request.continue_final_message)
+        return await self.plan(request_messages(request.messages), tools, tool_choice, request.builtin_tools, options, request.continue_final_message)
 
     # -- non-streaming --------------------------------------------------------------------------------
 

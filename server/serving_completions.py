@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from rstar.server.chat_template import RenderTimeout
 from rstar.server.engine import SamplingOptions, TokenDelta
 from rstar.server.errors import APIError
 from rstar.server.limits import AdmittedStream
@@ -21,7 +22,7 @@ from rstar.server.schemas import (
     Usage,
     new_id,
 )
-from rstar.server.serving_base import SSE_DONE, Serving, ServingBase, merge, per_choice, request_messages, sse
+from rstar.server.serving_base import SSE_DONE, Serving, ServingBase, merge, per_choice, render_timeout_error, request_messages, sse
 
 
 @dataclass
@@ -34,14 +35,17 @@ class _Choice:
 
 
 class CompletionService(ServingBase):
-    def prepare(self, request: CompletionRequest) -> tuple[list[int], list[SamplingOptions]]:
+    async def prepare(self, request: CompletionRequest) -> tuple[list[int], list[SamplingOptions]]:
         serving = self.serving
         serving.check_model(request.model)
         tokenizer = serving.engine.tokenizer
         if isinstance(request.prompt, list):
             prompt_ids = check_token_ids(serving, request.prompt, "prompt")
         else:
-            prompt_ids = tokenizer.encode(request.prompt)
+            try:
+                prompt_ids = await self.off_loop(lambda: tokenizer.encode(request.prompt))
+            except RenderTimeout:
+                raise render_timeout_error("prompt") from None
         room = self.context_room(len(prompt_ids), request.max_tokens)
         options = SamplingOptions(
             max_tokens=request.max_tokens or room,
@@ -87,7 +91,7 @@ class CompletionService(ServingBase):
         return Usage(prompt_tokens=len(prompt_ids), completion_tokens=generated, total_tokens=len(prompt_ids) + generated)
 
     async def complete(self, request: CompletionRequest, received_at: float) -> Completion:
-        prompt_ids, options = self.prepare(request)
+        prompt_ids, options = await self.prepare(request)
         completion_id = new_id("cmpl")
         choices = [_Choice(i) for i in range(request.n)]
         generations = self._generations(prompt_ids, options, completion_id, choices)
@@ -112,7 +116,7 @@ class CompletionService(ServingBase):
         )
 
     async def stream(self, request: CompletionRequest, received_at: float) -> AdmittedStream:
-        prompt_ids, options = self.prepare(request)
+        prompt_ids, options = await self.prepare(request)
         return await self.admitted_stream(request.n, self._sse(request, prompt_ids, options, received_at))
 
     async def _sse(self, request: CompletionRequest, prompt_ids: list[int], options: list[SamplingOptions], received_at: float) -> AsyncIterator[str]:

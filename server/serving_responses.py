@@ -197,7 +197,7 @@ class _ResponseBuilder:
 
 
 class ResponsesService(AgentServing):
-    def plan_request(self, request: ResponsesRequest) -> AgentPlan:
+    async def plan_request(self, request: ResponsesRequest) -> AgentPlan:
         self.serving.check_model(request.model)
         options = AgentSamplingOptions(
             max_tokens=request.max_output_tokens,
@@ -216,7 +216,7 @@ class ResponsesService(AgentServing):
         ]
         choice = request.tool_choice.model_dump() if hasattr(request.tool_choice, "model_dump") else request.tool_choice
         # The built-in tool is OpenAI's code_interpreter here: offered when the request lists it.
-        return self.plan(request.chat_messages(), functions, choice, request.code_interpreter and request.builtin_tools, options)
+        return await self.plan(request.chat_messages(), functions, choice, request.code_interpreter and request.builtin_tools, options)
 
     async def _events(self, request: ResponsesRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[dict]:
         response_id = _item_id("resp")
@@ -235,7 +235,7 @@ class ResponsesService(AgentServing):
                         yield event
 
     async def create(self, request: ResponsesRequest, received_at: float) -> dict:
-        plan = self.plan_request(request)
+        plan = await self.plan_request(request)
         final = None
         async with self.serving.admission.slots(1), contextlib.aclosing(self._events(request, plan, received_at)) as events:
             async for event in events:
@@ -245,7 +245,7 @@ class ResponsesService(AgentServing):
         return final["response"]
 
     async def stream(self, request: ResponsesRequest, received_at: float) -> AdmittedStream:
-        plan = self.plan_request(request)
+        plan = await self.plan_request(request)
         return await self.admitted_stream(1, self._sse(request, plan, received_at))
 
     async def _sse(self, request: ResponsesRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[str]:
