@@ -14,7 +14,6 @@ from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rstar.sandbox.settings import SandboxSettings
-from rstar.sandbox.tools import ToolProtocol
 from rstar.server.routing import Policy
 
 DEFAULT_MODEL = "default"
@@ -77,13 +76,16 @@ class ApiSettings(BaseModel):
         1800.0, description="Wall-clock limit of one request, tool turns included; a non-stream request then gets 504, a stream an error event."
     )
     retry_after_s: int = Field(2, description="Retry-After header sent with 429.")
+    render_timeout_s: float = Field(
+        5.0, gt=0, description="Time one request's prompt may take to render and tokenize (off the event loop); past it the request gets a 400."
+    )
     max_turns: int = Field(30, description="Default assistant turns per answer (the paper's evaluation setting); requests may lower or raise it up to max_turns_limit.")
     max_turns_limit: int = Field(100, description="Largest max_turns a request may ask for.")
     chat_template: str | None = Field(
         None, description="'rstar', 'model' or a jinja file; default: the rStar template for rStar models and tokenizers without one, else the model's own."
     )
     sandbox_url: str | None = Field(None, description="A `rstar sandbox serve` to run model code in; default: an in-process sandbox pool.")
-    tool_protocol: ToolProtocol | None = Field(
+    tool_protocol: Literal["released", "improved"] | None = Field(
         None,
         description="How tool turns are built and results written (docs/api.md compares them). released: as rStar2-Agent's code; improved: "
         "this server's fixes. Default: released for rStar models, improved for the embedded default model (trained on it) and others; "

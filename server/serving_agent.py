@@ -13,17 +13,16 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstar.sandbox.tools import BUILTIN_TOOLS, PYTHON_TOOL, ToolProtocol
 from rstar.server.agent_loop import Done, LoopConfig, LoopEvent, TokensSampled, ToolExecutionStarted, ToolResult, TurnStarted, run_agent
-from rstar.server.builtin_tools import SandboxExecutor, builtin_tool_schemas
-from rstar.server.chat_template import ChatTemplate, content_text
+from rstar.server.builtin_tools import BUILTIN_TOOLS, PYTHON_TOOL, SandboxExecutor, builtin_tool_schemas
+from rstar.server.chat_template import ChatTemplate, RenderTimeout, content_text
 from rstar.server.engine import SamplingOptions
 from rstar.server.errors import APIError
 from rstar.server.metrics import SANDBOX_FAILURES, ServerMetrics
 from rstar.server.schemas import CodeCell
-from rstar.server.serving_base import ServingBase, merge, per_choice
+from rstar.server.serving_base import ServingBase, merge, per_choice, render_timeout_error
 from rstar.server.tool_calls import CALL_CLOSE, CALL_OPEN, TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
-from rstar.server.tool_results import protocol_max_tool_response_chars
+from rstar.server.tool_results import ToolProtocol, protocol_max_tool_response_chars
 from rstar.server.trajectory import ToolCallRecord, Trajectory, openai_finish_reason
 
 
@@ -79,7 +78,7 @@ def forced_call_prefix(tool_choice: Any) -> str | None:
 class AgentServing(ServingBase):
     """The base of the endpoints that answer through the agent loop (chat completions, responses)."""
 
-    def plan(
+    async def plan(
         self,
         messages: Sequence[Mapping],
         client_tools: Sequence[Mapping],
@@ -89,7 +88,7 @@ class AgentServing(ServingBase):
         continue_final_message: bool = False,
     ) -> AgentPlan:
         """Validate a request against the server's limits and the context window (APIError 400 when it does
-        not fit), and encode its prompt, once."""
+        not fit), and encode its prompt, once, off the event loop."""
         serving = self.serving
         settings = serving.settings.api
         template = serving.template_for(options.chat_template, options.chat_template_kwargs)
@@ -107,11 +106,11 @@ class AgentServing(ServingBase):
         if max_turns > settings.max_turns_limit:
             raise APIError(400, f"max_turns may be at most {settings.max_turns_limit}", "max_turns")
         tools = builtin + offered
+        encode = template.encode_continuation if continue_final_message else template.encode
         try:
-            if continue_final_message:
-                prompt_ids = template.encode_continuation(messages, tools)
-            else:
-                prompt_ids = template.encode(messages, tools)
+            prompt_ids = await self.off_loop(lambda: encode(messages, tools))
+        except RenderTimeout:
+            raise render_timeout_error("messages") from None
         except Exception as exc:  # a template that cannot render these messages (roles, order)
             raise APIError(400, f"the chat template cannot render these messages: {exc}", "messages") from exc
         room = self.context_room(len(prompt_ids), options.max_tokens)

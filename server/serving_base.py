@@ -11,24 +11,28 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rstar.config import Settings
 from rstar.sandbox.clients import SandboxClient
-from rstar.sandbox.tools import ToolProtocol
-from rstar.server.chat_template import ChatTemplate, choose_template
+from rstar.server.chat_template import ChatTemplate, RenderTimeout, choose_template, render_deadline
 from rstar.server.conversations import ConversationStore
 from rstar.server.engine import SamplingOptions, TokenDelta, TokenEngine
 from rstar.server.errors import APIError
 from rstar.server.limits import Admission, AdmittedStream, with_deadline
 from rstar.server.metrics import ServerMetrics
+from rstar.server.tool_results import ToolProtocol
 
 T = TypeVar("T")
 
 SSE_DONE = "data: [DONE]\n\n"
 # Template variants kept for reuse (per template choice and chat_template_kwargs); more are built per request.
 MAX_CACHED_TEMPLATES = 32
+# Threads that render and tokenize prompts, off the event loop. Their own few, so renders that ran into their
+# time limit cannot take the threads database work needs.
+RENDER_THREADS = 4
 
 
 @dataclass
@@ -48,6 +52,7 @@ class Serving:
     # Per-request choices, built once each: by template name, and by (name, chat_template_kwargs) so a
     # benchmark sending the same variables with every request does not compile the template every time.
     templates: dict[Any, ChatTemplate] = field(default_factory=dict)
+    renderer: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="rstar-render"))
 
     def template_for(self, kind: str | None, variables: Mapping[str, Any] | None = None) -> ChatTemplate:
         """The template a request asked for ("rstar" or "model"), or the server's own choice, rendering with
@@ -63,14 +68,15 @@ class Serving:
                 raise APIError(400, str(exc), "chat_template") from exc
         if not variables:
             return template
-        key = (kind, repr(sorted(variables.items())))
-        if key in self.templates:
-            return self.templates[key]
         try:
             variant = template.with_variables(variables)
         except ValueError as exc:
             raise APIError(400, str(exc), "chat_template_kwargs") from exc
-        if len(self.templates) < MAX_CACHED_TEMPLATES:  # clients choose the variables: the cache must stay bounded
+        # Keyed by what the variant renders with: variables the template does not read make no new entry.
+        key = (kind, repr(variant.variables))
+        if key in self.templates:
+            return self.templates[key]
+        if len(self.templates) < MAX_CACHED_TEMPLATES:  # clients choose the values: the cache must stay bounded
             self.templates[key] = variant
         return variant
 
@@ -110,6 +116,17 @@ class ServingBase:
         await self.serving.admission.acquire(slots)
         return AdmittedStream(self.serving.admission, slots, events)
 
+    async def off_loop(self, work: Callable[[], T]) -> T:
+        """`work` (rendering and tokenizing a prompt) on the render threads, so the event loop goes on serving
+        every other request and /health meanwhile. RenderTimeout once it took api.render_timeout_s, waiting for
+        a thread included; a render in the server's own Jinja environment also stops itself then."""
+        timeout = self.serving.settings.api.render_timeout_s
+        future = asyncio.get_running_loop().run_in_executor(self.serving.renderer, _within_deadline, work, timeout)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise RenderTimeout(f"rendering took over {timeout:g} s") from None
+
     def guarded(self, events: AsyncIterator[T], generated: Callable[[], bool]) -> AsyncIterator[T]:
         """A request's generation events, streamed or whole: until the server's request timeout counted from
         now (then RequestTimeout, 504), and with input the engine refuses before anything was `generated()`
@@ -119,6 +136,16 @@ class ServingBase:
 
     def decoded_logprobs(self, delta: TokenDelta) -> list[DecodedLogprob]:
         return decode_logprobs(self.serving.engine.tokenizer.decode, delta)
+
+
+def _within_deadline(work: Callable[[], T], timeout_s: float) -> T:
+    with render_deadline(timeout_s):
+        return work()
+
+
+def render_timeout_error(param: str) -> APIError:
+    limit = "the server's time limit (setting api.render_timeout_s)"
+    return APIError(400, f"the prompt did not render and tokenize within {limit}", param, "render_timeout")
 
 
 def per_choice(options: SamplingOptions, n: int) -> list[SamplingOptions]:
