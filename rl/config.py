@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rstar.rl.downsample import Mode
+from rstar.sandbox.tools import ToolProtocol, TruncateSide
 
 
 class GRPOConfig(BaseModel):
@@ -36,8 +37,8 @@ class GRPOConfig(BaseModel):
     max_tool_response_chars: int | None = Field(
         256, description="Second cut of each tool result the model sees, after the sandbox's 1000 chars per stream (verl max_tool_response_length=256)."
     )
-    tool_response_truncate_side: Literal["left", "right", "middle"] = Field("middle", description="Which part survives that cut (tool_response_truncate_side=middle).")
-    tool_protocol: Literal["released", "improved"] = Field(
+    tool_response_truncate_side: TruncateSide = Field("middle", description="Which part survives that cut (tool_response_truncate_side=middle).")
+    tool_protocol: ToolProtocol = Field(
         "released",
         description="Tool protocol of the rollouts (docs/api.md compares them): 'released' as rStar2-Agent's loop and code-judge; 'improved' "
         "is what the embedded default model's delta was trained with (the cpu recipe keeps it).",

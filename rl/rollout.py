@@ -22,8 +22,9 @@ from rstar.rl.config import GRPOConfig
 from rstar.rl.data import Problem
 from rstar.rl.downsample import Trace
 from rstar.sandbox.clients import SandboxClient
+from rstar.sandbox.tools import BUILTIN_TOOLS, PYTHON_TOOL
 from rstar.server.agent_loop import LoopConfig, run_trajectory
-from rstar.server.builtin_tools import BUILTIN_TOOLS, PYTHON_TOOL, SandboxExecutor, builtin_tool_schemas
+from rstar.server.builtin_tools import SandboxExecutor, builtin_tool_schemas
 from rstar.server.chat_template import ChatTemplate
 from rstar.server.engine import SamplingOptions, TokenEngine
 from rstar.server.trajectory import ToolCallRecord, Trajectory

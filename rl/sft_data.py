@@ -48,7 +48,8 @@ from pathlib import Path
 
 from rstar.sandbox.clients import LocalClient
 from rstar.sandbox.settings import SandboxSettings
-from rstar.server.builtin_tools import PYTHON_TOOL, CodeExecutor, SandboxExecutor
+from rstar.sandbox.tools import PYTHON_TOOL
+from rstar.server.builtin_tools import CodeExecutor, SandboxExecutor
 from rstar.server.tool_results import render_exec_result
 
 Fields = dict[str, int | str]

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rstar.rl.data import jsonl_rows
-from rstar.server.builtin_tools import PYTHON_TOOL, builtin_tool_schemas
+from rstar.sandbox.tools import PYTHON_TOOL
+from rstar.server.builtin_tools import builtin_tool_schemas
 from rstar.server.chat_template import ChatTemplate
 from rstar.server.tool_results import tool_turn_ids
 

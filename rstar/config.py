@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rstar.sandbox.settings import SandboxSettings
+from rstar.sandbox.tools import ToolProtocol
 from rstar.server.routing import Policy
 
 DEFAULT_MODEL = "default"
@@ -85,7 +86,7 @@ class ApiSettings(BaseModel):
         None, description="'rstar', 'model' or a jinja file; default: the rStar template for rStar models and tokenizers without one, else the model's own."
     )
     sandbox_url: str | None = Field(None, description="A `rstar sandbox serve` to run model code in; default: an in-process sandbox pool.")
-    tool_protocol: Literal["released", "improved"] | None = Field(
+    tool_protocol: ToolProtocol | None = Field(
         None,
         description="How tool turns are built and results written (docs/api.md compares them). released: as rStar2-Agent's code; improved: "
         "this server's fixes. Default: released for rStar models, improved for the embedded default model (trained on it) and others; "

@@ -17,8 +17,9 @@ from typing import Any
 
 from . import launch, protocol
 from .metrics import PoolMetrics
-from .schemas import REPLAY_TOOL, TOOLS, RunRequest, RunResult, VerifyResult, error_result, parse_run_request
+from .schemas import RunRequest, RunResult, VerifyResult, error_result, parse_run_request
 from .settings import SandboxSettings
+from .tools import BUILTIN_TOOLS, JUPYTER_TOOL
 
 log = logging.getLogger("rstar.sandbox")
 
@@ -222,14 +223,14 @@ class SandboxPool:
 
     def _check_request(self, request: RunRequest) -> str | None:
         s = self.settings
-        if request.tool not in TOOLS:
-            return f"unknown tool {request.tool!r}; known: {', '.join(TOOLS)}"
+        if request.tool not in BUILTIN_TOOLS:
+            return f"unknown tool {request.tool!r}; known: {', '.join(sorted(BUILTIN_TOOLS))}"
         if len(request.code) > s.max_code_chars:
             return f"code has {len(request.code)} characters; the limit is {s.max_code_chars}"
         if request.input is not None and len(request.input) > s.max_input_chars:
             return f"input has {len(request.input)} characters; the limit is {s.max_input_chars}"
-        if request.history and request.tool != REPLAY_TOOL:
-            return f"history is only meaningful for {REPLAY_TOOL}"
+        if request.history and request.tool != JUPYTER_TOOL:
+            return f"history is only meaningful for {JUPYTER_TOOL}"
         if request.history and request.session_id:
             return "use either history (replay) or session_id (live session), not both"
         if sum(len(c) for c in request.history) > s.max_code_chars * 4:
@@ -243,7 +244,7 @@ class SandboxPool:
 
     async def _run_valid(self, request: RunRequest, queue_timeout_s: float | None = None) -> RunResult:
         timeout = min(request.timeout_s or self.settings.timeout_s, self.settings.max_timeout_s)
-        history = request.history[-self.settings.max_history_cells:] if request.tool == REPLAY_TOOL else []
+        history = request.history[-self.settings.max_history_cells:] if request.tool == JUPYTER_TOOL else []
         message = {"op": "run", "kind": "exec", "code": request.code, "stdin": request.input,
                    "history": history, "timeout_s": timeout, "session": request.session_id, "protocol": request.protocol}
         if request.session_id is None:

@@ -12,11 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
-Status = Literal["ok", "error", "timeout", "memory", "output_limit", "queue_timeout", "invalid_input", "internal_error"]
+from .tools import PYTHON_TOOL, ToolProtocol
 
-STDIO_TOOLS = ("python_code_with_standard_io", "execute_python_code_with_standard_io")
-REPLAY_TOOL = "jupyter_code"
-TOOLS = (*STDIO_TOOLS, REPLAY_TOOL)
+Status = Literal["ok", "error", "timeout", "memory", "output_limit", "queue_timeout", "invalid_input", "internal_error"]
 
 
 class RunRequest(BaseModel):
@@ -25,13 +23,13 @@ class RunRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tool: StrictStr = Field("python_code_with_standard_io", description="python_code_with_standard_io (alias execute_python_code_with_standard_io) or jupyter_code.")
+    tool: StrictStr = Field(PYTHON_TOOL, description="python_code_with_standard_io (alias execute_python_code_with_standard_io) or jupyter_code.")
     code: StrictStr
     input: StrictStr | None = Field(None, description="Text piped to stdin.")
     history: list[StrictStr] = Field(default_factory=list, description="jupyter_code: earlier cells, oldest first.")
     session_id: StrictStr | None = Field(None, description="Run in a persistent session (state kept between calls).")
     timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit; default and ceiling come from the settings.")
-    protocol: Literal["released", "improved"] = Field(
+    protocol: ToolProtocol = Field(
         "improved",
         description="Result semantics. released: as code-judge ran rStar2-Agent's wrapper (error line '{Err} at line N: {msg}' + two-space "
         "raw line from the deepest frame, no stdout after an uncaught exception, 'Suicide from timeout.' on the wall timeout, 256+128 MB "
@@ -57,11 +55,6 @@ class RunResult(BaseModel):
 
 def error_result(status: Status, message: str) -> RunResult:
     return RunResult(status=status, stderr=message)
-
-
-class BatchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    requests: list[Any] = Field(..., description="RunRequest objects; each is validated on its own so one bad item fails alone.")
 
 
 class BatchResult(BaseModel):

@@ -18,7 +18,8 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rstar.server.builtin_tools import BUILTIN_TOOLS, JUPYTER_TOOL, CodeExecutor, code_argument, run_builtin_call
+from rstar.sandbox.tools import BUILTIN_TOOLS, JUPYTER_TOOL, ToolProtocol, TruncateSide
+from rstar.server.builtin_tools import CodeExecutor, run_builtin_call
 from rstar.server.chat_template import ChatTemplate, content_text
 from rstar.server.engine import SamplingOptions, TokenDelta, TokenEngine
 from rstar.server.tool_calls import (
@@ -28,7 +29,7 @@ from rstar.server.tool_calls import (
     ToolCallStreamParser,
     parse_tool_calls,
 )
-from rstar.server.tool_results import ToolProtocol, TruncateSide, execution_error_text, tool_turn_ids
+from rstar.server.tool_results import execution_error_text, tool_turn_ids
 from rstar.server.trajectory import ToolCallRecord, Trajectory, Turn
 
 
@@ -288,11 +289,10 @@ async def _run_calls(
         for call in calls:
             replay = list(jupyter_cells)
             enabled = _is_builtin(call, config.builtin_tools)
-            arguments = code_argument(call, config.tool_protocol) if enabled else None
-            if isinstance(arguments, tuple):
-                yield ToolExecutionStarted(call.index, call.name, arguments[0])
+            if enabled and call.arguments_error(config.tool_protocol) is None:
+                yield ToolExecutionStarted(call.index, call.name, call.code)
                 if call.name == JUPYTER_TOOL:
-                    jupyter_cells.append(arguments[0])
+                    jupyter_cells.append(call.code)
             if _is_builtin(call) and not enabled:
                 # Switched off for this request: the model hears what an unknown tool gets.
                 jobs.append(asyncio.ensure_future(_unavailable(turn, call)))
@@ -327,9 +327,10 @@ def prior_jupyter_cells(messages: Sequence[Mapping]) -> list[str]:
         for call in message.get("tool_calls") or []:
             function = call.get("function", call)
             if function.get("name") == JUPYTER_TOOL:
-                arguments = code_argument(ToolCall(index=0, raw="", name=JUPYTER_TOOL, arguments=function.get("arguments")))
-                if isinstance(arguments, tuple):
-                    cells.append(arguments[0])
+                # Read the improved way whatever the protocol: over the wire, arguments are JSON strings.
+                cell = ToolCall(index=0, raw="", name=JUPYTER_TOOL, arguments=function.get("arguments"))
+                if cell.arguments_error("improved") is None:
+                    cells.append(cell.code)
     return cells
 
 

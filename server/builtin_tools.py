@@ -1,36 +1,19 @@
-"""The tools the server runs itself: rStar2-Agent's Python tools, their schemas, and how one parsed call
-turns into a sandbox execution and the response text the model sees.
-
-- `python_code_with_standard_io` (the released code's name) and `execute_python_code_with_standard_io`
-  (the paper's name) are aliases: arguments `code` and `input` (piped to stdin), a fresh interpreter.
-- `jupyter_code` (argument `code`): notebook-like state by replaying every earlier `jupyter_code` cell of
-  the conversation, output suppressed, before the new cell (the released SimJupyterTool's semantics).
+"""The tools the server runs itself (named in `rstar.sandbox.tools`): their schemas, and how one parsed
+call turns into a sandbox execution and the response text the model sees.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
 from rstar.sandbox.clients import SandboxClient
 from rstar.sandbox.schemas import RunRequest, RunResult
+from rstar.sandbox.tools import BUILTIN_TOOLS, JUPYTER_TOOL, PYTHON_TOOL, ToolProtocol, TruncateSide
 from rstar.server.tool_calls import ToolCall
-from rstar.server.tool_results import (
-    ToolProtocol,
-    TruncateSide,
-    decode_failure_text,
-    execution_error_text,
-    render_exec_result,
-    truncate_response,
-)
+from rstar.server.tool_results import decode_failure_text, execution_error_text, render_exec_result, truncate_response
 from rstar.server.trajectory import ToolCallRecord
-
-PYTHON_TOOL = "python_code_with_standard_io"
-PYTHON_TOOL_PAPER_NAME = "execute_python_code_with_standard_io"
-JUPYTER_TOOL = "jupyter_code"
-BUILTIN_TOOLS = frozenset({PYTHON_TOOL, PYTHON_TOOL_PAPER_NAME, JUPYTER_TOOL})
 
 
 def python_tool_schema(name: str = PYTHON_TOOL) -> dict:
@@ -115,32 +98,6 @@ class SandboxExecutor:
         return await self.client.run(request)
 
 
-def code_argument(call: ToolCall, protocol: ToolProtocol = "improved") -> tuple[str, str] | str:
-    """(code, stdin) for a built-in call, or the reason it cannot run.
-
-    Arguments given as a JSON string that encodes an object are accepted under `improved` (the OpenAI
-    wire format). Under `released` they fail as the released tool failed them: it called `.get` on
-    whatever `arguments` decoded to, so a string gives "'str' object has no attribute 'get'". Missing
-    `code` or `input` count as empty, as in the released tools.
-    """
-    arguments: Any = call.arguments
-    if protocol == "released" and not isinstance(arguments, Mapping):
-        return f"'{type(arguments).__name__}' object has no attribute 'get'"
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
-    if not isinstance(arguments, Mapping):
-        return f"arguments must be a JSON object, not {type(arguments).__name__}"
-    code, stdin = arguments.get("code", ""), arguments.get("input", "")
-    if call.name == JUPYTER_TOOL:
-        stdin = ""
-    if not isinstance(code, str) or not isinstance(stdin, str):
-        return "arguments 'code' and 'input' must be strings"
-    return code, stdin
-
-
 async def run_builtin_call(
     turn: int,
     call: ToolCall,
@@ -162,14 +119,12 @@ async def run_builtin_call(
     if not isinstance(call.name, str) or call.name not in BUILTIN_TOOLS:
         # The released loop's KeyError text for a tool it does not have, e.g. "'WolframAlpha'".
         return record.answer(execution_error_text(repr(call.name)), started_at)
-    arguments = code_argument(call, protocol)
-    if isinstance(arguments, str):
-        return record.answer(execution_error_text(arguments), started_at)
-    code, stdin = arguments
+    if (error := call.arguments_error(protocol)) is not None:
+        return record.answer(execution_error_text(error), started_at)
     replay = jupyter_cells if call.name == JUPYTER_TOOL else ()
     clock = time.perf_counter()
     try:
-        result = await executor.execute(call.name, code, stdin, replay, protocol)
+        result = await executor.execute(call.name, call.code, call.stdin, replay, protocol)
     except Exception as exc:  # the sandbox itself failed; the model is told, the trajectory goes on
         return record.answer(execution_error_text(str(exc)), started_at, time.perf_counter() - clock)
     response = truncate_response(render_exec_result(result), max_response_chars, truncate_side)

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rstar.sandbox.tools import ToolProtocol
 from rstar.server.chat_template import RSTAR_TEMPLATE_PATH
 from rstar.server.lora_delta import BASE_WEIGHTS, DeltaMismatch, merge_delta
-from rstar.server.tool_results import ToolProtocol
 
 MANIFEST_NAME = ".rstar-manifest.json"
 

@@ -70,7 +70,7 @@ def _servable_files(run_dir: str) -> list[str]:
 
 def _code_cells(trajectory: dict | None) -> list[dict[str, Any]]:
     """A stored trajectory's code cells as a chat answer shows them, so clients draw both alike."""
-    records = [ToolCallRecord(**call) for call in (trajectory or {}).get("tool_calls") or []]
+    records = [ToolCallRecord.of_stored(call) for call in (trajectory or {}).get("tool_calls") or []]
     return [cell.model_dump() for cell in map(CodeCell.of_record, records) if cell is not None]
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
+from rstar.sandbox.tools import ToolProtocol
 from rstar.server.trajectory import ToolCallRecord
 
 
@@ -77,7 +77,7 @@ class AgentOptions(_Request):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="vLLM's: extra variables for the chat template, e.g. {\"math_instruction\": false} leaves the rStar template's answer instruction out."
     )
-    tool_protocol: Literal["released", "improved"] | None = Field(
+    tool_protocol: ToolProtocol | None = Field(
         None, description="Tool protocol: 'released' (as rStar2-Agent's code) or 'improved' (docs/api.md compares them); default: the server's choice for its model."
     )
 
@@ -190,14 +190,14 @@ class CodeCell(BaseModel):
         client runs it: nothing ran and the model was not answered)."""
         if record.exec_status is None and record.response is None:
             return None
-        arguments = record.arguments if isinstance(record.arguments, Mapping) else {}
         if record.exec_status is None:  # nothing ran: bad JSON, unknown or disabled tool, bad arguments
+            # Without code of its own the call is shown as the model wrote it.
             name = record.name if isinstance(record.name, str) else ""
-            return cls(index=record.index, name=name, code=str(arguments.get("code", record.raw)), status="invalid_input", stderr=record.response)
+            return cls(index=record.index, name=name, code=record.code or record.raw, status="invalid_input", stderr=record.response)
         return cls(
             index=record.index,
             name=record.name,
-            code=arguments.get("code", ""),
+            code=record.code,
             status=record.exec_status,
             stdout=record.stdout or "",
             stderr=record.stderr or "",

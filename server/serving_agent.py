@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rstar.sandbox.tools import BUILTIN_TOOLS, PYTHON_TOOL, ToolProtocol
 from rstar.server.agent_loop import Done, LoopConfig, LoopEvent, TokensSampled, ToolExecutionStarted, ToolResult, TurnStarted, run_agent
-from rstar.server.builtin_tools import BUILTIN_TOOLS, PYTHON_TOOL, SandboxExecutor, builtin_tool_schemas
+from rstar.server.builtin_tools import SandboxExecutor, builtin_tool_schemas
 from rstar.server.chat_template import ChatTemplate, RenderTimeout, content_text
 from rstar.server.engine import SamplingOptions
 from rstar.server.errors import APIError
@@ -22,7 +23,7 @@ from rstar.server.metrics import SANDBOX_FAILURES, ServerMetrics
 from rstar.server.schemas import CodeCell
 from rstar.server.serving_base import ServingBase, merge, per_choice, render_timeout_error
 from rstar.server.tool_calls import CALL_CLOSE, CALL_OPEN, TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
-from rstar.server.tool_results import ToolProtocol, protocol_max_tool_response_chars
+from rstar.server.tool_results import protocol_max_tool_response_chars
 from rstar.server.trajectory import ToolCallRecord, Trajectory, openai_finish_reason
 
 

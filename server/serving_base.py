@@ -17,13 +17,13 @@ from typing import Any, TypeVar
 
 from rstar.config import Settings
 from rstar.sandbox.clients import SandboxClient
+from rstar.sandbox.tools import ToolProtocol
 from rstar.server.chat_template import ChatTemplate, RenderTimeout, choose_template, render_deadline
 from rstar.server.conversations import ConversationStore
 from rstar.server.engine import SamplingOptions, TokenDelta, TokenEngine
 from rstar.server.errors import APIError
 from rstar.server.limits import Admission, AdmittedStream, with_deadline
 from rstar.server.metrics import ServerMetrics
-from rstar.server.tool_results import ToolProtocol
 
 T = TypeVar("T")
 

@@ -12,11 +12,14 @@ tag as text, wherever the deltas split it, and its finished calls equal `parse_t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from rstar.sandbox.tools import JUPYTER_TOOL, ToolProtocol
 from rstar.server.chat_template import REASONING_CLOSE, REASONING_OPEN
 
 CALL_OPEN = "<tool_call>"
@@ -27,18 +30,53 @@ _CALL_SPAN = re.compile(re.escape(CALL_OPEN) + "(.*?)" + re.escape(CALL_CLOSE), 
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One `<tool_call>` span of an assistant turn."""
+    """One `<tool_call>` span of an assistant turn, with its arguments decoded once into what a built-in
+    tool runs: `code` and `stdin`, which the loop, the executor and every view of the call read."""
 
     index: int  # position among the turn's calls
     raw: str  # the text between the tags, as the model wrote it
     name: Any = None  # as decoded; not necessarily a string, nor a known tool
     arguments: Any = None  # as decoded: normally an object, possibly a string or anything else
     decode_error: str | None = None  # why the span is not {"name": ..., "arguments": ...}
+    # The `code` argument (missing counts as empty, as in the released tools); None when it is not a string.
+    code: str | None = field(init=False)
+    # The `input` argument, piped to stdin; always empty for jupyter_code, which reads none.
+    stdin: str = field(init=False)
+    _arguments_error: str | None = field(init=False, repr=False)  # why they cannot run, read the improved way
+
+    def __post_init__(self):
+        code, stdin, error = _code_and_stdin(self.name, self.arguments)
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "stdin", stdin)
+        object.__setattr__(self, "_arguments_error", error)
+
+    def arguments_error(self, protocol: ToolProtocol) -> str | None:
+        """Why a built-in tool cannot run these arguments under `protocol`; None when `code` and `stdin` run.
+
+        Arguments given as a JSON string that encodes an object are accepted under `improved` (the OpenAI
+        wire format). Under `released` they fail as the released tool failed them: it called `.get` on
+        whatever `arguments` decoded to, so a string gives "'str' object has no attribute 'get'".
+        """
+        if protocol == "released" and not isinstance(self.arguments, Mapping):
+            return f"'{type(self.arguments).__name__}' object has no attribute 'get'"
+        return self._arguments_error
 
     @property
     def arguments_json(self) -> str:
         """Arguments in the OpenAI wire format (a JSON string); a string argument is passed through."""
         return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments, ensure_ascii=False)
+
+
+def _code_and_stdin(name: Any, arguments: Any) -> tuple[str | None, str, str | None]:
+    """(code, stdin, why they cannot run) of a call's decoded arguments."""
+    if isinstance(arguments, str):
+        with contextlib.suppress(json.JSONDecodeError):
+            arguments = json.loads(arguments)
+    if not isinstance(arguments, Mapping):
+        return None, "", f"arguments must be a JSON object, not {type(arguments).__name__}"
+    code, stdin = arguments.get("code", ""), "" if name == JUPYTER_TOOL else arguments.get("input", "")
+    error = None if isinstance(code, str) and isinstance(stdin, str) else "arguments 'code' and 'input' must be strings"
+    return code if isinstance(code, str) else None, stdin if isinstance(stdin, str) else "", error
 
 
 def decode_tool_call(index: int, raw: str) -> ToolCall:

@@ -18,14 +18,11 @@ the second cut of that text and the answers to calls the released loop rejects; 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 from rstar.sandbox.schemas import RunResult, code_judge_reason
+from rstar.sandbox.tools import ToolProtocol, TruncateSide
 from rstar.server.chat_template import ChatTemplate
 
-TruncateSide = Literal["left", "right", "middle"]
-ToolProtocol = Literal["released", "improved"]
-TOOL_PROTOCOLS: tuple[ToolProtocol, ...] = ("released", "improved")
 # The released loop's second cut of a result text: verl's max_tool_response_length, left at its default.
 RELEASED_MAX_TOOL_RESPONSE_CHARS = 256
 

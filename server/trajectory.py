@@ -8,6 +8,7 @@ chat completion over HTTP reads it back as a Trajectory too (`Trajectory.from_ch
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -45,6 +46,7 @@ class ToolCallRecord:
     arguments: Any
     decode_error: str | None
     response: str | None  # what the model was shown; None for a client tool, whose result comes later
+    code: str | None = None  # the call's code as decoded once (ToolCall.code), which its views show
     # The execution, when code ran (code-judge's terms).
     success: bool | None = None
     stdout: str | None = None
@@ -58,7 +60,17 @@ class ToolCallRecord:
     @classmethod
     def of_call(cls, turn: int, call: ToolCall) -> "ToolCallRecord":
         """A parsed call not (yet) answered; a client tool's call stays so, its result comes from the client."""
-        return cls(turn=turn, index=call.index, raw=call.raw, name=call.name, arguments=call.arguments, decode_error=call.decode_error, response=None)
+        return cls(
+            turn=turn, index=call.index, raw=call.raw, name=call.name, arguments=call.arguments, decode_error=call.decode_error, response=None, code=call.code
+        )
+
+    @classmethod
+    def of_stored(cls, data: Mapping) -> "ToolCallRecord":
+        """A record as stored (its `asdict`); one stored before records carried `code` decodes it now."""
+        record = cls(**data)
+        if "code" not in data:
+            record.code = ToolCall(record.index, record.raw, record.name, record.arguments, record.decode_error).code
+        return record
 
     def answer(self, response: str, started_at: float, wall_s: float = 0.0, execution: RunResult | None = None) -> "ToolCallRecord":
         """Record what the model was shown and, when code ran, the sandbox's execution (in code-judge's terms
@@ -115,7 +127,7 @@ class Trajectory:
         text = (f"{REASONING_OPEN}{reasoning}{REASONING_CLOSE}" if reasoning else "") + (message.get("content") or "")
         cells = [
             ToolCallRecord(turn=0, index=cell.get("index", i), raw=cell.get("code", ""), name=cell.get("name"), arguments={"code": cell.get("code", "")},
-                           decode_error=None, response=None, stdout=cell.get("stdout"), stderr=cell.get("stderr"), exec_status=cell.get("status"),
+                           decode_error=None, response=None, code=cell.get("code", ""), stdout=cell.get("stdout"), stderr=cell.get("stderr"), exec_status=cell.get("status"),
                            exec_duration_s=cell.get("duration_s"))
             for i, cell in enumerate(message.get("code_cells") or [])
         ]  # fmt: skip

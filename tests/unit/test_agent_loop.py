@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from rstar.sandbox.tools import JUPYTER_TOOL, PYTHON_TOOL
 from rstar.server.agent_loop import (
     Done,
     LoopConfig,
@@ -21,7 +22,7 @@ from rstar.server.agent_loop import (
     run_trajectory,
     trajectory_messages,
 )
-from rstar.server.builtin_tools import JUPYTER_TOOL, PYTHON_TOOL, builtin_tool_schemas
+from rstar.server.builtin_tools import builtin_tool_schemas
 from rstar.server.chat_template import choose_template, rstar_template
 from rstar.server.engine import SamplingOptions, TokenDelta
 from rstar.server.tool_calls import TextDelta, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted

@@ -43,6 +43,23 @@ def test_builtin_call_runs_in_the_sandbox_and_its_output_reaches_the_model(make_
     assert completion.usage.tool_calls == 1 and completion.usage.tool_tokens > 0
 
 
+def test_a_call_whose_arguments_are_a_json_string_shows_the_code_it_ran(make_server):
+    """The OpenAI wire form of arguments (a JSON string) runs under `improved`; every view of the call shows
+    the code that ran: the chat answer's cell, the streamed final cell and the Responses item."""
+    as_string = "<tool_call>\n" + json.dumps({"name": "python_code_with_standard_io", "arguments": json.dumps({"code": "print(6*7)"})}) + "\n</tool_call>"
+    turns = ("<reason>Let me compute.</reason>\n" + as_string, TOOL_TURNS[1])
+    client, http, _, _ = make_server(replies=turns * 3)
+    sandbox_of(http).outputs["print(6*7)"] = "42\n"
+    cells = client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.code_cells
+    assert [(cell["code"], cell["status"]) for cell in cells] == [("print(6*7)", "ok")]
+    chunks = client.chat.completions.create(model="scripted", messages=QUESTION, stream=True)
+    streamed = [chunk.choices[0].delta.code_cell for chunk in chunks if chunk.choices and getattr(chunk.choices[0].delta, "code_cell", None)]
+    assert [(cell["code"], cell["status"]) for cell in streamed] == [("print(6*7)", "running"), ("print(6*7)", "ok")]
+    response = client.responses.create(model="scripted", input="What is 6*7?", tools=[{"type": "code_interpreter", "container": {"type": "auto"}}])
+    assert [(item.code, item.status) for item in response.output if item.type == "code_interpreter_call"] == [("print(6*7)", "completed")]
+    assert [r.code for r in sandbox_of(http).requests] == ["print(6*7)"] * 3
+
+
 def test_stream_sends_each_cell_when_it_starts_and_when_it_ends(make_server):
     client, http, _, _ = make_server(replies=TOOL_TURNS)
     sandbox_of(http).outputs["print(6*7)"] = "42\n"

@@ -11,8 +11,9 @@ import pytest
 from rstar.rl.sft import cosine_with_warmup, sft_trees, step_batches
 from rstar.rl.sft_encoding import ConversationError, encode_conversation, read_conversations
 from rstar.sandbox.schemas import RunResult
+from rstar.sandbox.tools import PYTHON_TOOL
 from rstar.server.agent_loop import LoopConfig, run_trajectory
-from rstar.server.builtin_tools import PYTHON_TOOL, builtin_tool_schemas
+from rstar.server.builtin_tools import builtin_tool_schemas
 from rstar.server.chat_template import rstar_template
 from rstar.server.engine import SamplingOptions
 from rstar.server.tool_results import render_exec_result

@@ -15,8 +15,9 @@ import pytest
 from rstar.rl import sft_data
 from rstar.rl.sft_data import FAMILIES, HELDOUT_PHRASINGS_PER_FAMILY, generate_problems, make_sft_data
 from rstar.sandbox.clients import LocalClient
+from rstar.sandbox.tools import PYTHON_TOOL
 from rstar.sandbox.verify import extract_answer
-from rstar.server.builtin_tools import PYTHON_TOOL, SandboxExecutor, builtin_tool_schemas
+from rstar.server.builtin_tools import SandboxExecutor, builtin_tool_schemas
 from rstar.server.chat_template import rstar_template, tojson
 from rstar.server.tool_calls import parse_tool_calls
 from tests.loop_thread import LoopThread

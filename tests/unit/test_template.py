@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from golden_files import check_text
 
-from rstar.server.builtin_tools import JUPYTER_TOOL, PYTHON_TOOL, builtin_tool_schemas
+from rstar.sandbox.tools import JUPYTER_TOOL, PYTHON_TOOL
+from rstar.server.builtin_tools import builtin_tool_schemas
 from rstar.server.chat_template import (
     ChatTemplate,
     choose_template,

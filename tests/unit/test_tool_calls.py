@@ -4,13 +4,15 @@ built-in tool dispatch, against golden files."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
 from golden_files import check_json
 
 from rstar.sandbox.schemas import RunResult
-from rstar.server.builtin_tools import JUPYTER_TOOL, PYTHON_TOOL, PYTHON_TOOL_PAPER_NAME, run_builtin_call
+from rstar.sandbox.tools import JUPYTER_TOOL, PYTHON_TOOL, PYTHON_TOOL_PAPER_NAME
+from rstar.server.builtin_tools import run_builtin_call
 from rstar.server.tool_calls import (
     CALL_CLOSE,
     CALL_OPEN,
@@ -233,6 +235,26 @@ def test_a_code_cell_is_drawn_from_the_call_record():
     assert undecodable.response.startswith("Failed to decode tool call")
     client_call = ToolCallRecord.of_call(0, parse_tool_calls(TURNS["unknown_tool"])[0])  # unanswered: the client runs it
     assert CodeCell.of_record(client_call) is None
+
+
+def test_a_call_decodes_its_arguments_once_into_code_and_stdin():
+    as_object = parse_tool_calls('<tool_call>{"name": "python_code_with_standard_io", "arguments": {"code": "print(input())", "input": "7"}}</tool_call>')[0]
+    as_string = parse_tool_calls(TURNS["arguments_as_string"])[0]
+    jupyter = parse_tool_calls('<tool_call>{"name": "jupyter_code", "arguments": {"code": "x", "input": "ignored"}}</tool_call>')[0]
+    listed = parse_tool_calls('<tool_call>{"name": "jupyter_code", "arguments": ["x"]}</tool_call>')[0]
+    assert [(call.code, call.stdin) for call in (as_object, jupyter, listed)] == [("print(input())", "7"), ("x", ""), (None, "")]
+    assert isinstance(as_string.arguments, str) and as_string.code == json.loads(as_string.arguments)["code"]
+    assert [call.arguments_error("improved") for call in (as_object, as_string, jupyter)] == [None, None, None]
+    assert as_string.arguments_error("released") == "'str' object has no attribute 'get'"
+    assert listed.arguments_error("improved") == "arguments must be a JSON object, not list"
+
+
+def test_a_stored_record_without_code_decodes_it_when_loaded():
+    ran, _ = dispatch(TURNS["arguments_as_string"])
+    stored = dataclasses.asdict(ran)
+    assert ToolCallRecord.of_stored(stored) == ran
+    del stored["code"]
+    assert CodeCell.of_record(ToolCallRecord.of_stored(stored)).code == ran.code != ""
 
 
 def test_sandbox_results_render_as_released():

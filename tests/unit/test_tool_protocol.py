@@ -13,10 +13,12 @@ import pytest
 from test_agent_loop import QUESTION, SAMPLING, call, scripted_engine, scripted_sandbox
 
 from rstar.config import load_settings
+from rstar.sandbox.tools import PYTHON_TOOL
 from rstar.server.agent_loop import LoopConfig, run_trajectory
-from rstar.server.builtin_tools import PYTHON_TOOL, builtin_tool_schemas
+from rstar.server.builtin_tools import builtin_tool_schemas
 from rstar.server.chat_template import rstar_template
 from rstar.server.model_store import default_tool_protocol
+from rstar.server.schemas import CodeCell
 from rstar.server.tool_results import protocol_max_tool_response_chars, tool_turn_ids, tool_turn_text
 from rstar.server.trajectory import Trajectory
 from tests.scripted_sandbox import ScriptedSandbox
@@ -110,6 +112,9 @@ def test_arguments_as_a_json_string_are_answered_as_released(default_tokenizer):
     improved, sandbox = run(default_tokenizer, [as_string, "Done."], "improved")
     assert improved.tool_calls[0].response.startswith("Tool call success\nstdout: 5")
     assert sandbox.codes == ["print(2 + 3)"]
+    # Either way the client is shown the code the call carries.
+    cells = [CodeCell.of_record(trajectory.tool_calls[0]) for trajectory in (released, improved)]
+    assert [(cell.code, cell.status) for cell in cells] == [("print(2 + 3)", "invalid_input"), ("print(2 + 3)", "ok")]
 
 
 @pytest.mark.parametrize("protocol", ["released", "improved"])
