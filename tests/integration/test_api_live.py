@@ -160,6 +160,37 @@ def _client_disconnects(live_server) -> float:
     return metric_total(live_server, "rstar_client_disconnects_total")
 
 
+def test_a_hostile_template_does_not_stall_health(live_server):
+    """A request that asks the real server to render its own Jinja (nested loops sized to hold the event loop
+    for seconds) is refused at once, and /health keeps answering promptly meanwhile."""
+    runaway = "{% for i in range(20000) %}{% for j in range(20000) %}{% endfor %}{% endfor %}"
+    body = {"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "chat_template": "model", "chat_template_kwargs": {"chat_template": runaway}}
+
+    async def main():
+        async with httpx.AsyncClient(base_url=live_server.base_url, timeout=60) as client:
+            latencies = []
+
+            async def probe():
+                while True:
+                    started = time.monotonic()
+                    assert (await client.get("/health")).status_code == 200
+                    latencies.append(time.monotonic() - started)
+                    await asyncio.sleep(0.02)
+
+            prober = asyncio.create_task(probe())
+            await asyncio.sleep(0.2)
+            responses = await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for _ in range(4)))
+            await asyncio.sleep(0.5)
+            prober.cancel()
+            return responses, latencies
+
+    responses, latencies = asyncio.run(main())
+    for response in responses:
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "chat_template_kwargs"
+    assert len(latencies) >= 10 and max(latencies) < 0.5, latencies
+
+
 def test_metrics_carry_vllms_engine_metrics_and_they_move(live_server):
     """The same prompt twice (the rStar system prompt and tools block, a few hundred tokens): vLLM's own counters
     (requests, prefix-cache queries and hits) show both, next to ours."""
