@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import gradio as gr
 
-from rstar.ui.client import ApiClient, ApiError
+from rstar.ui.client import ApiClient, ApiError, StreamEvent
 from rstar.ui.render import AssistantTurn, conversation_messages, turn_messages
 
 log = logging.getLogger("rstar.ui")
@@ -43,25 +43,55 @@ LATEX_DELIMITERS = [
 
 T = TypeVar("T")
 
+# The page re-renders the whole growing message on every update it gets (Markdown, code highlighting, LaTeX),
+# so one update per streamed token costs the browser O(length) per token and falls behind a fast stream on a
+# slow CPU. An answer is sent to the page at most this often, each update carrying everything that arrived.
+RENDER_INTERVAL_S = 1 / 15
 
-async def until_set(stop: asyncio.Event, events: AsyncIterator[T]) -> AsyncIterator[T]:
-    """The items of `events` until `stop` is set, even while the next one is awaited (a long tool call keeps
-    the stream quiet); then the stream is closed, which makes the server abort the generation."""
+_END = object()
+
+
+async def batches_until_set(stop: asyncio.Event, events: AsyncIterator[T], interval_s: float = RENDER_INTERVAL_S) -> AsyncIterator[list[T]]:
+    """The items of `events` in batches, at most one batch per `interval_s`, until `stop` is set.
+
+    A batch goes out as soon as its interval has passed, whether or not more items come, so a quiet stream (a
+    long tool call) never holds back what already arrived; what arrived before a stop or a failure of the
+    stream still goes out. `stop` is watched even while the next item is awaited; then the stream is closed,
+    which makes the server abort the generation. `interval_s=0` yields every item on its own.
+    """
+    loop = asyncio.get_running_loop()
     stopped = asyncio.ensure_future(stop.wait())
+    batch: list[T] = []
+    sent_at = -float("inf")
     try:
         async with contextlib.aclosing(events):
-            while not stop.is_set():
-                following = asyncio.ensure_future(anext(events, None))
-                await asyncio.wait({following, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                if stop.is_set():
-                    following.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await following
-                    return
-                item = following.result()
-                if item is None:
-                    return
-                yield item
+            following = asyncio.ensure_future(anext(events, _END))
+            try:
+                while True:
+                    wait_s = max(sent_at + interval_s - loop.time(), 0) if batch else None
+                    await asyncio.wait({following, stopped}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+                    if following.done() and not stop.is_set():
+                        if following.exception() is not None and batch:
+                            yield batch
+                            batch = []
+                        item = following.result()
+                        if item is _END:
+                            break
+                        batch.append(item)
+                        following = asyncio.ensure_future(anext(events, _END))
+                        if loop.time() < sent_at + interval_s:
+                            continue
+                    elif stop.is_set():
+                        break
+                    yield batch
+                    batch, sent_at = [], loop.time()
+                if batch:
+                    yield batch
+            finally:
+                following.cancel()
+                await asyncio.wait({following})
+                if not following.cancelled():
+                    following.exception()  # retrieved: a stream that failed after a stop is not an error
     finally:
         stopped.cancel()
 
@@ -117,6 +147,18 @@ def _assistant_message(turn: AssistantTurn) -> dict[str, Any]:
     return {"role": "assistant", "content": turn.content, "reasoning_content": turn.reasoning, "code_cells": cells}
 
 
+def apply_event(turn: AssistantTurn, event: StreamEvent) -> None:
+    """One streamed event of the answer into the turn it builds."""
+    if event.kind == "reasoning":
+        turn.add_reasoning(event.value)
+    elif event.kind == "content":
+        turn.add_content(event.value)
+    elif event.kind == "cell":
+        turn.update_cell(event.value)
+    elif event.kind == "finished":
+        turn.finish_reason = event.value
+
+
 def conversation_choices(conversations: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """Dropdown (label, id) pairs; the API gives `created_at` in unix seconds, as OpenAI's objects do."""
 
@@ -126,8 +168,10 @@ def conversation_choices(conversations: list[dict[str, Any]]) -> list[tuple[str,
     return [(f"{(c.get('title') or '(untitled)')[:60]} · {when(c['created_at'])}", c["id"]) for c in conversations]
 
 
-def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
-    """Lay out the tab inside the current Blocks context and wire its events (and `demo`'s page load)."""
+def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_interval_s: float = RENDER_INTERVAL_S) -> None:
+    """Lay out the tab inside the current Blocks context and wire its events (and `demo`'s page load).
+
+    An answer updates the page at most once per `render_interval_s` (0: on every streamed event)."""
     state = gr.State(new_state())
     with gr.Row():
         with gr.Column(scale=1, min_width=260):
@@ -202,18 +246,12 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks) -> None:
         yield shown + turn_messages(turn, streaming=True), progress, "", "", answer_signal(number, "streaming")
         stored_as = None
         try:
-            async for event in until_set(stop, client.stream_chat(payload)):
-                if event.kind == "started":
-                    stored_as = event.value
-                    continue
-                if event.kind == "reasoning":
-                    turn.add_reasoning(event.value)
-                elif event.kind == "content":
-                    turn.add_content(event.value)
-                elif event.kind == "cell":
-                    turn.update_cell(event.value)
-                elif event.kind == "finished":
-                    turn.finish_reason = event.value
+            async for batch in batches_until_set(stop, client.stream_chat(payload), render_interval_s):
+                for event in batch:
+                    if event.kind == "started":
+                        stored_as = event.value
+                    else:
+                        apply_event(turn, event)
                 progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": shown + turn_messages(turn)}
                 yield shown + turn_messages(turn, streaming=True), progress, gr.skip(), gr.skip(), gr.skip()
             # The server stores the exchange once the answer is complete; a stopped one may not exist there,

@@ -5,23 +5,41 @@ from __future__ import annotations
 
 import asyncio
 
-from rstar.ui.chat import conversation_choices, new_state, request_payload, until_set
+import pytest
+
+from rstar.ui.chat import batches_until_set, conversation_choices, new_state, request_payload
 
 
 class Stream:
     """A server stream: `ready` items, then nothing more until closed (a quiet stream, as during a tool call)."""
 
-    def __init__(self, ready: list[str], then_quiet: bool):
-        self.ready, self.then_quiet, self.closed = ready, then_quiet, False
+    def __init__(self, ready: list[str], then_quiet: bool, gap_s: float = 0.0, fail: Exception | None = None):
+        self.ready, self.then_quiet, self.gap_s, self.fail, self.closed = ready, then_quiet, gap_s, fail, False
 
     async def events(self):
         try:
             for item in self.ready:
                 yield item
+                await asyncio.sleep(self.gap_s)
+            if self.fail:
+                raise self.fail
             if self.then_quiet:
                 await asyncio.Event().wait()
         finally:
             self.closed = True
+
+
+def collect(stream: Stream, interval_s: float, stop: asyncio.Event | None = None):
+    """The batches of the stream as (arrival time from the start, items), and whether the stream was closed."""
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        started, batches = loop.time(), []
+        async for batch in batches_until_set(stop or asyncio.Event(), stream.events(), interval_s):
+            batches.append((loop.time() - started, batch))
+        return batches, stream.closed
+
+    return asyncio.run(go())
 
 
 def test_stop_ends_a_quiet_stream_and_closes_it():
@@ -30,12 +48,12 @@ def test_stop_ends_a_quiet_stream_and_closes_it():
         seen = []
 
         async def consume():
-            async for item in until_set(stop, stream.events()):
-                seen.append(item)
+            async for batch in batches_until_set(stop, stream.events(), 0.05):
+                seen.extend(batch)
 
         consumer = asyncio.create_task(consume())
-        while len(seen) < 2:
-            await asyncio.sleep(0)
+        while len(seen) < 2:  # the pending batch goes out once its interval has passed, though nothing follows
+            await asyncio.sleep(0.01)
         assert not consumer.done()  # waiting on the quiet stream
         stop.set()
         await asyncio.wait_for(consumer, 1)
@@ -45,11 +63,36 @@ def test_stop_ends_a_quiet_stream_and_closes_it():
 
 
 def test_without_a_stop_every_item_comes_and_the_stream_is_closed():
-    async def go():
-        stream = Stream(["a", "b", "c"], then_quiet=False)
-        return [item async for item in until_set(asyncio.Event(), stream.events())], stream.closed
+    batches, closed = collect(Stream(["a", "b", "c"], then_quiet=False), 0)
+    assert [items for _, items in batches] == [["a"], ["b"], ["c"]] and closed
 
-    assert asyncio.run(go()) == (["a", "b", "c"], True)
+
+def test_a_fast_stream_comes_in_few_batches_holding_every_item_in_order():
+    items = [f"w{n}" for n in range(200)]
+    batches, closed = collect(Stream(items, then_quiet=False, gap_s=0.001), 0.05)
+    assert [item for _, batch in batches for item in batch] == items and closed
+    # 200 items over >= 0.2 s: one batch per 50 ms at most (the first goes at once), not one per item.
+    assert len(batches) <= 2 + batches[-1][0] / 0.05 < 50
+    gaps = [later - earlier for (earlier, _), (later, _) in zip(batches, batches[1:-1])]
+    assert min(gaps) >= 0.045
+
+
+def test_what_came_before_a_stop_or_a_failure_still_goes_out_at_once():
+    async def stop_while_a_batch_waits():
+        stop, stream = asyncio.Event(), Stream(["a", "b"], then_quiet=True, gap_s=0.05)
+        asyncio.get_running_loop().call_later(0.3, stop.set)  # "b" came at 0.05 s, due in the next batch at 60 s
+        return [batch async for batch in batches_until_set(stop, stream.events(), 60)], stream.closed
+
+    assert asyncio.run(asyncio.wait_for(stop_while_a_batch_waits(), 5)) == ([["a"], ["b"]], True)
+
+    async def failing():
+        got = []
+        with pytest.raises(RuntimeError, match="connection lost"):
+            async for batch in batches_until_set(asyncio.Event(), Stream(["a", "b"], False, fail=RuntimeError("connection lost")).events(), 60):
+                got.append(batch)
+        return got
+
+    assert asyncio.run(asyncio.wait_for(failing(), 5)) == [["a"], ["b"]]
 
 
 def test_payload_carries_history_settings_and_the_stored_conversation():
