@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from rstar.config import Settings, load_settings
+from rstar.config import load_settings, mask_url, masked
 from rstar.evals.cli import app as eval_app
 from rstar.rl.cli import app as rl_app
 from rstar.sandbox.cli import app as sandbox_app
@@ -90,6 +90,16 @@ def serve(
     host: Annotated[Optional[str], typer.Option(help="Interface to listen on. [env: RSTAR_HOST]")] = None,
     port: Annotated[Optional[int], typer.Option(help="[env: RSTAR_PORT]")] = None,
     api_key: Annotated[Optional[str], typer.Option(help="Require this bearer token on /v1. [env: RSTAR_API_KEY]")] = None,
+    admin_key: Annotated[
+        Optional[str], typer.Option(help="A second bearer token for RL runs and the conversation list/export. [env: RSTAR_ADMIN_KEY]")
+    ] = None,
+    enable_rl: Annotated[
+        Optional[bool], typer.Option("--enable-rl", help="Let the API start RL runs that retrain the served model (admin key). [env: RSTAR_ENABLE_RL]")
+    ] = None,
+    insecure_no_auth: Annotated[
+        Optional[bool],
+        typer.Option("--insecure-no-auth", help="Serve on a non-loopback --host without an API key: anyone who reaches it may chat and run code. [env: RSTAR_INSECURE_NO_AUTH]"),
+    ] = None,
     served_model_name: Annotated[Optional[str], typer.Option(help="Model name clients send. [env: RSTAR_SERVED_MODEL_NAME]")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="Context window. [env: RSTAR_ENGINE__MAX_MODEL_LEN]")] = None,
     sandbox_url: Annotated[
@@ -109,7 +119,7 @@ def serve(
     import uvicorn
 
     from rstar.rl.api import mount_rl
-    from rstar.server.api import api_key_guard, create_app
+    from rstar.server.api import admin_key_guard, create_app, serve_refusal
     from rstar.server.engine import require_vllm
     from rstar.server.model_store import resolve_model
     from rstar.server.replicas import require_ray, start_engine, wants_replicas
@@ -119,8 +129,20 @@ def serve(
     engine_overrides = {key: value for key, value in given.items() if value is not None} or None
     api_overrides = {"sandbox_url": sandbox_url} if sandbox_url else None
     settings = load_settings(
-        model=model, host=host, port=port, api_key=api_key, served_model_name=served_model_name, engine=engine_overrides, api=api_overrides
+        model=model,
+        host=host,
+        port=port,
+        api_key=api_key,
+        admin_key=admin_key,
+        enable_rl=enable_rl,
+        insecure_no_auth=insecure_no_auth,
+        served_model_name=served_model_name,
+        engine=engine_overrides,
+        api=api_overrides,
     )
+    if refusal := serve_refusal(settings):
+        console.print(f"[red]rstar:[/red] {refusal}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     replicated = wants_replicas(settings.engine)
     with _one_line_errors():
@@ -139,7 +161,8 @@ def serve(
     # The UI talks to this same server over HTTP, as it would to a remote one; a wildcard bind is reached on loopback.
     loopback = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(settings.host, f"[{settings.host}]" if ":" in settings.host else settings.host)
     mount_ui(api, f"http://{loopback}:{settings.port}", settings.api_key)
-    mount_rl(api, settings, api_key_guard(settings))
+    if settings.enable_rl:
+        mount_rl(api, settings, admin_key_guard(settings))
     engines = f"{settings.engine.replicas} engine replicas (routing {settings.engine.routing})" if replicated else "the engine"
     console.print(f"starting {engines} on {resolved.path} (on CPU about a minute, a first compiled start several; the 'engine defaults' line says which); API at http://{settings.host}:{settings.port}/v1", highlight=False)
     console.print(f"UI at http://{settings.host}:{settings.port}{UI_PATH} once the engine is up", highlight=False, soft_wrap=True)
@@ -147,17 +170,10 @@ def serve(
     server.run(sockets=[sock])
 
 
-def _masked(settings: Settings) -> dict:
-    data = json.loads(settings.model_dump_json())
-    if data.get("api_key"):
-        data["api_key"] = "***"
-    return data
-
-
 @config_app.command("show")
 def config_show() -> None:
     """Print the effective settings (defaults < RSTAR_* environment) as JSON; secrets masked."""
-    typer.echo(json.dumps(_masked(load_settings()), indent=2))
+    typer.echo(json.dumps(masked(load_settings()), indent=2))
 
 
 @db_app.command("upgrade")
@@ -168,7 +184,7 @@ def db_upgrade(database_url: Annotated[Optional[str], typer.Option(help="[env: R
     settings = load_settings(database_url=database_url)
     engine = make_engine(settings.resolved_database_url)
     upgrade(engine)
-    typer.echo(f"{settings.resolved_database_url}: schema at revision {current_revision(engine)}")
+    typer.echo(f"{mask_url(settings.resolved_database_url)}: schema at revision {current_revision(engine)}")
 
 
 def main() -> None:

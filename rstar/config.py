@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rstar.sandbox.settings import SandboxSettings
@@ -108,7 +108,18 @@ class Settings(BaseSettings):
     served_model_name: str | None = Field(None, description="Name clients use in `model`; defaults to the model's directory or id.")
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = Field(None, description="When set, every /v1 request must carry `Authorization: Bearer <key>`.")
+    api_key: str | None = Field(
+        None,
+        description="When set, every /v1 request must carry `Authorization: Bearer <key>`. Without one the server listens on loopback only "
+        "(unless insecure_no_auth) and accepts only loopback Host headers.",
+    )
+    admin_key: str | None = Field(
+        None,
+        description="A second key, for what changes the server or reads everyone's data: RL runs over the API, the conversation list and "
+        "export. Without one those routes take the API key. Must differ from api_key.",
+    )
+    insecure_no_auth: bool = Field(False, description="Serve on a non-loopback address without an API key: anyone who reaches the port may chat and run code.")
+    enable_rl: bool = Field(False, description="Mount /v1/rl (RL runs that retrain the served model) on `rstar serve`; with an API key it needs admin_key.")
     data_dir: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir("rstar")))
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Models and the engine's compile cache.")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite file rstar.db in data_dir. PostgreSQL: postgresql+psycopg://...")
@@ -117,6 +128,16 @@ class Settings(BaseSettings):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
 
+    @field_validator("api_key", "admin_key")
+    @classmethod
+    def _a_real_key(cls, key: str | None, info: ValidationInfo) -> str | None:
+        # RSTAR_API_KEY= (set but empty) would otherwise pass as a key every empty bearer token matches.
+        if key is not None and not key.strip():
+            raise ValueError("an empty key is no key: unset the variable, or give it a real value")
+        if info.field_name == "admin_key" and key is not None and key == info.data.get("api_key"):
+            raise ValueError("admin_key must differ from api_key, or every API client is an admin")
+        return key
+
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'rstar.db'}"
@@ -124,6 +145,32 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return self.cache_dir / "models"
+
+
+SECRET_FIELDS = ("api_key", "admin_key")
+
+
+def mask_url(url: str) -> str:
+    """A database URL with its password replaced by ***."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy reads: show none of it
+        return "***"
+
+
+def masked(settings: Settings) -> dict:
+    """The settings as JSON data with every secret masked: the keys, the sandbox token and the database password."""
+    data = settings.model_dump(mode="json")
+    for name in SECRET_FIELDS:
+        if data.get(name):
+            data[name] = "***"
+    if data["sandbox"].get("token"):
+        data["sandbox"]["token"] = "***"
+    if data.get("database_url"):
+        data["database_url"] = mask_url(data["database_url"])
+    return data
 
 
 class SettingsInvalid(ValueError):
@@ -141,5 +188,6 @@ def load_settings(**overrides) -> Settings:
         for error in exc.errors():
             path = ".".join(str(part) for part in error["loc"])
             variable = "RSTAR_" + "__".join(str(part).upper() for part in error["loc"])
-            problems.append(f"{path} ({variable}): {error['msg']}, got {error.get('input')!r}")
+            given = "a secret" if path in SECRET_FIELDS else repr(error.get("input"))
+            problems.append(f"{path} ({variable}): {error['msg']}, got {given}")
         raise SettingsInvalid("invalid setting: " + "; ".join(problems)) from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import time
@@ -16,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import rstar
 from rstar.asgi import ClientDisconnected, cancel_on_disconnect
@@ -86,8 +88,11 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.api.max_body_bytes)
     app.add_middleware(RequestCounter, metrics=lambda: getattr(app.state, "serving", None) and app.state.serving.metrics)
+    if settings.api_key is None and not settings.insecure_no_auth:
+        app.add_middleware(LoopbackHostOnly)
 
     authorized = api_key_guard(settings)
+    admin = admin_key_guard(settings)
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
@@ -158,11 +163,11 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
 
     # Conversation routes are plain functions: FastAPI runs them in its thread pool, so database I/O
     # stays off the event loop that streams tokens.
-    @app.get("/v1/conversations", dependencies=authorized)
+    @app.get("/v1/conversations", dependencies=admin)
     def list_conversations(request: Request, limit: int = Query(20, ge=1, le=200), offset: int = Query(0, ge=0)) -> dict:
         return {"object": "list", "data": _store(request).list(limit, offset)}
 
-    @app.get("/v1/conversations/export.jsonl", dependencies=authorized)
+    @app.get("/v1/conversations/export.jsonl", dependencies=admin)
     def export_conversations(request: Request) -> StreamingResponse:
         # A sync iterator: Starlette runs it in a thread pool, off the event loop.
         return StreamingResponse(_store(request).export_jsonl(), media_type="application/x-ndjson")
@@ -184,19 +189,68 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
     return app
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a bind address or a Host header's name is this machine only."""
+    name = host.strip("[]")
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return name == "localhost"
+
+
+def serve_refusal(settings: Settings) -> str | None:
+    """Why `rstar serve` must not start with these settings, or None."""
+    if settings.api_key is None and not is_loopback(settings.host) and not settings.insecure_no_auth:
+        return (
+            f"refusing to serve on {settings.host} without an API key: anyone who reaches it could chat, read the stored conversations "
+            "and run code. Set RSTAR_API_KEY (or --api-key), listen on 127.0.0.1, or pass --insecure-no-auth to mean it."
+        )
+    if settings.enable_rl and settings.api_key is not None and settings.admin_key is None:
+        return "--enable-rl on a server with an API key needs an admin key (RSTAR_ADMIN_KEY or --admin-key): RL retrains the model every client is served."
+    return None
+
+
+def _bearer_guard(key: str | None, which: str) -> list:
+    async def require_key(request: Request) -> None:
+        if key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        # Constant-time comparison: the server may face the internet.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), key.encode()):
+            raise APIError(401, f"Incorrect or missing {which}: send `Authorization: Bearer <key>`.", code=f"invalid_{which.replace(' ', '_')}")
+
+    return [Depends(require_key)]
+
+
 def api_key_guard(settings: Settings) -> list:
     """Route dependencies that require `Authorization: Bearer <key>` when the server has an API key."""
+    return _bearer_guard(settings.api_key, "API key")
 
-    async def require_api_key(request: Request) -> None:
-        if settings.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        # Constant-time comparison: the server may face the internet.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), settings.api_key.encode()):
-            raise APIError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.", code="invalid_api_key")
 
-    return [Depends(require_api_key)]
+def admin_key_guard(settings: Settings) -> list:
+    """Route dependencies for what changes the server or reads every client's data (RL runs, the conversation
+    list and export): the admin key where there is one, else the API key."""
+    if settings.admin_key is not None:
+        return _bearer_guard(settings.admin_key, "admin key")
+    return api_key_guard(settings)
+
+
+class LoopbackHostOnly:
+    """ASGI middleware for a server without a key: a request whose Host header is not a loopback name gets a
+    421. A web page the operator opens cannot reach 127.0.0.1 by DNS rebinding then, since its requests carry
+    the page's own host name."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+            if not is_loopback(name):
+                message = f"Host {host!r} is not a loopback name: a server without an API key answers only requests addressed to localhost"
+                return await JSONResponse(error_body(421, message, "host", "misdirected_request"), status_code=421)(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def _store(request: Request) -> ConversationStore:

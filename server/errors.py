@@ -21,6 +21,7 @@ _ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     409: "conflict_error",
+    421: "invalid_request_error",
     413: "invalid_request_error",
     504: "timeout",
     422: "invalid_request_error",

@@ -30,10 +30,11 @@ def make_server(tmp_path, default_tokenizer):
         async def factory():
             return engine
 
-        http = TestClient(create_app(settings, factory, model_name, sandbox_factory=lambda: sandbox))
+        # A loopback Host, as a local client sends: a server without a key answers only those.
+        http = TestClient(create_app(settings, factory, model_name, sandbox_factory=lambda: sandbox), base_url="http://localhost")
         http.__enter__()
         opened.append(http)
-        client = openai.OpenAI(base_url="http://testserver/v1", api_key=settings.api_key or "none", http_client=http, max_retries=0)
+        client = openai.OpenAI(base_url="http://localhost/v1", api_key=settings.api_key or "none", http_client=http, max_retries=0)
         return client, http, engine, settings
 
     yield start

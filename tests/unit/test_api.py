@@ -96,7 +96,7 @@ def test_context_overflow_is_400(make_server):
 def test_api_key_is_required_when_configured(make_server):
     client, http, _, _ = make_server(api_key="sekrit")
     assert client.models.list().data  # the client sends the right key
-    wrong = openai.OpenAI(base_url="http://testserver/v1", api_key="wrong", http_client=http, max_retries=0)
+    wrong = openai.OpenAI(base_url="http://localhost/v1", api_key="wrong", http_client=http, max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
     assert http.post("/v1/chat/completions", json={}).status_code == 401

@@ -67,3 +67,24 @@ def test_config_show_prints_json_with_the_api_key_masked(monkeypatch, tmp_path):
     assert shown["api_key"] == "***"
     assert shown["data_dir"] == str(tmp_path)
     assert "s3cret" not in out
+
+
+def test_config_show_masks_every_secret(tmp_path):
+    url = "postgresql+psycopg://rstar:db-pass-9@postgres:5432/rstar"
+    env = {"RSTAR_API_KEY": "s3cret", "RSTAR_ADMIN_KEY": "adm1n", "RSTAR_DATABASE_URL": url, "RSTAR_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-m", "rstar.cli", "config", "show"], capture_output=True, text=True, env=env, check=True).stdout
+    shown = json.loads(out)
+    assert (shown["api_key"], shown["admin_key"]) == ("***", "***")
+    assert shown["database_url"] == "postgresql+psycopg://rstar:***@postgres:5432/rstar"
+    assert "db-pass-9" not in out and "adm1n" not in out and "s3cret" not in out
+
+
+def test_db_upgrade_prints_its_url_without_the_password(tmp_path, monkeypatch, capsys):
+    from rstar import cli
+    from rstar.server import db
+
+    monkeypatch.setattr(db, "make_engine", lambda url: url)
+    monkeypatch.setattr(db, "upgrade", lambda engine: None)
+    monkeypatch.setattr(db, "current_revision", lambda engine: "head")
+    cli.db_upgrade(database_url="postgresql+psycopg://rstar:db-pass-9@postgres:5432/rstar")
+    assert capsys.readouterr().out.strip() == "postgresql+psycopg://rstar:***@postgres:5432/rstar: schema at revision head"

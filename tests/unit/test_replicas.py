@@ -269,7 +269,7 @@ def test_health_lists_the_replicas(default_tokenizer, tmp_path):
         return await replicated(factory)
 
     app = create_app(load_settings(data_dir=tmp_path), start_engine, "scripted", sandbox_factory=ScriptedSandbox)
-    with TestClient(app) as http:
+    with TestClient(app, base_url="http://localhost") as http:
         body = http.get("/health").json()
     assert [(r["index"], r["healthy"], r["restarts"], r["in_flight"], r["kv_capacity_tokens"]) for r in body["replicas"]] == [
         (0, True, 0, 0, 2048),

@@ -121,8 +121,8 @@ def test_the_app_reaches_its_database_through_one_engine(tmp_path, default_token
     monkeypatch.setattr(db, "make_engine", lambda url: opened.append(url) or make_engine(url))
     settings = load_settings(data_dir=tmp_path)
     app = _scripted_app(settings, default_tokenizer)
-    mount_rl(app, settings, [])  # as `rstar serve` does
-    with TestClient(app) as client:
+    mount_rl(app, settings, [])  # as `rstar serve --enable-rl` does
+    with TestClient(app, base_url="http://localhost") as client:
         assert client.post("/v1/chat/completions", json={"model": "scripted", "messages": [{"role": "user", "content": "keep me"}]}).status_code == 200
         assert [c["title"] for c in client.get("/v1/conversations").json()["data"]] == ["keep me"]
         assert client.get("/v1/evals/runs").json()["total"] == 0
