@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from goals import goal
+
 from rstar.config import EngineSettings, load_settings
 from rstar.hardware import cpu_info
 from rstar.server.engine import SamplingOptions, VllmEngine
@@ -156,7 +158,7 @@ def main() -> None:
         "ratio_rstar_over_vllm": {f"batch_{b}": ratios[b] for b in (1, 8)},
         "ratio_rstar_over_vllm_paired_by_round": {f"batch_{b}": paired[b] for b in (1, 8)},
         "goals": [
-            {"name": f"throughput ratio rstar / vLLM LLM.generate, batch {b}", "value": round(ratios[b], 4), "op": ">=", "target": 0.97, "unit": "ratio"}
+            goal(f"throughput ratio rstar / vLLM LLM.generate, batch {b}", round(ratios[b], 4), ">=", 0.97, "ratio")
             for b in (1, 8)
         ],
     }

@@ -27,6 +27,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from goals import goal, print_goals
+
 from rstar.evals import get_benchmark
 from rstar.evals.client import Completion
 from rstar.evals.runner import RunStore, execute, plan
@@ -152,14 +154,12 @@ def main() -> None:
         "harness_overhead": overhead,
         "ifeval_scoring": scoring,
         "goals": [
-            {"name": "ifeval_scoring_541_time_ours_over_lm_eval", "value": round(ratio, 3), "op": "<=", "target": 1.0, "unit": "x"},
+            goal("ifeval_scoring_541_time_ours_over_lm_eval", round(ratio, 3), "<=", 1.0, "x"),
         ],
     }
     print(f"harness overhead: {overhead['ms_per_sample']:.2f} ms/sample over {overhead['samples']} samples")
     print(f"ifeval scoring of {scoring['responses']} responses: ours {scoring['ours_median_s']:.3f} s, lm-eval {scoring['lm_eval_median_s']:.3f} s (ratio {ratio:.2f})")
-    for goal in out["goals"]:
-        met = goal["value"] <= goal["target"] if goal["op"] == "<=" else goal["value"] >= goal["target"]
-        print(f"goal {goal['name']}: {goal['value']} {goal['op']} {goal['target']} {goal['unit']}: {'met' if met else 'not met'}")
+    print_goals(out["goals"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
 

@@ -53,6 +53,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
+from goals import goal, print_goals
+
 HERE = Path(__file__).resolve().parent
 TRL_VERSION = "1.16.0"
 MARK = "@@rl_bench "
@@ -477,9 +479,9 @@ def main() -> None:
         **result,
         "summary": summary,
         "goals": [
-            {"name": "step time ours / TRL", "value": _round(summary["step_time_ratio"]), "op": "<=", "target": 0.5, "unit": "x"},
-            {"name": "weight sync (s)", "value": _round(summary["sync_s_median"]), "op": "<=", "target": 0.5, "unit": "s"},
-            {"name": "rollout tokens/s / engine's own", "value": _round(summary["rollout_over_engine"]), "op": ">=", "target": 0.9, "unit": "x"},
+            goal("step time ours / TRL", _round(summary["step_time_ratio"]), "<=", 0.5, "x"),
+            goal("weight sync (s)", _round(summary["sync_s_median"]), "<=", 0.5, "s"),
+            goal("rollout tokens/s / engine's own", _round(summary["rollout_over_engine"]), ">=", 0.9, "x"),
         ],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -513,10 +515,7 @@ def print_summary(result: dict) -> None:
     print(f"ours trained in {ours['steps_trained']}/{ours['steps_measured']} measured steps; reward mean ours {f(ours['reward_mean'], '')} (verify, boxed), TRL {f(trl and trl['reward_mean'], '')} (contains)")
     print(f"weight sync median {f(s['sync_s_median'])} (max {f(s['sync_s_max'])}; with the probe {f(s['sync_with_probe_s_median'])})")
     print(f"rollout {f(s['rollout_tok_s_median'], ' tok/s')} vs engine's own {f(s['engine_tok_s_median'], ' tok/s')} on the same batch")
-    for goal in result["goals"]:
-        value = goal["value"]
-        met = None if value is None else (value <= goal["target"] if goal["op"] == "<=" else value >= goal["target"])
-        print(f"goal {goal['name']}: {value} {goal['op']} {goal['target']} {goal['unit']}: {'met' if met else 'not met' if met is not None else 'not measured'}")
+    print_goals(result["goals"])
 
 
 if __name__ == "__main__":

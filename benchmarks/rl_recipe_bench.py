@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 sys.path.insert(0, str(REPO_ROOT))
 
 from tool_use_bench import evaluate, heldout_problems  # noqa: E402
+from goals import goal  # noqa: E402
 
 from rstar.hardware import cpu_info  # noqa: E402
 from rstar.rl.recipe import load_recipe  # noqa: E402
@@ -138,16 +139,17 @@ def main() -> None:
 
     goals = []
     if {"roc", "control"} <= arms.keys():
-        goals.append({"name": "held-out accuracy, RoC - control", "value": round(100 * (arms["roc"]["heldout"]["accuracy"] - arms["control"]["heldout"]["accuracy"]), 2), "op": ">=", "target": 5.0, "unit": "points"})
+        goals.append(goal("held-out accuracy, RoC - control", round(100 * (arms["roc"]["heldout"]["accuracy"] - arms["control"]["heldout"]["accuracy"]), 2), ">=", 5.0, "points"))
     if {"roc", "plain"} <= arms.keys() and None not in (arms["roc"]["tool_error_rate_kept_positive"], arms["plain"]["tool_error_rate_kept_positive"]):
-        goals.append({"name": "tool-error rate in kept positives, RoC / plain GRPO", "value": round(arms["roc"]["tool_error_rate_kept_positive"] / max(arms["plain"]["tool_error_rate_kept_positive"], 1e-9), 4), "op": "<", "target": 1.0, "unit": "x"})
+        ratio = arms["roc"]["tool_error_rate_kept_positive"] / max(arms["plain"]["tool_error_rate_kept_positive"], 1e-9)
+        goals.append(goal("tool-error rate in kept positives, RoC / plain GRPO", round(ratio, 4), "<=", 1.0, "x"))
     if "roc" in arms and "train_s" in arms["roc"]:
         # The goal is for the whole recipe; a shortened run is reported as measured and as projected from
         # its mean step time (the start-up, paid once, is the difference between the two clocks).
         roc, done = arms["roc"], len(arms["roc"]["steps"])
         minutes = roc["train_s"] / 60 + (RECIPE_STEPS - done) * roc["train_minutes_from_steps"] / done
         name = "RoC run, whole recipe" if done == RECIPE_STEPS else f"RoC run, projected from {done} steps to the recipe's {RECIPE_STEPS}"
-        goals.append({"name": name, "value": round(minutes, 1), "op": "<=", "target": 45, "unit": "minutes"})
+        goals.append(goal(name, round(minutes, 1), "<=", 45, "minutes"))
     output = {"benchmark": "rl_recipe_bench", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": cpu_info().to_dict(),
               "work": str(work), "quick": args.quick, "steps_per_arm": steps_override or "recipe", "arms": arms, "goals": goals}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from goals import goal
+
 
 @dataclass(frozen=True)
 class WorkloadShape:
@@ -149,6 +151,6 @@ def goals(summaries: dict[str, dict]) -> list[dict]:
     """Issue 14's goal: KV-aware p95 latency <= 0.8x least-requests' at equal throughput (reported beside it)."""
     kv, lr = summaries["kv_aware"], summaries["least_requests"]
     return [
-        {"name": "p95 trajectory latency kv_aware / least_requests", "value": round(kv["latency_p95_s"] / lr["latency_p95_s"], 4), "op": "<=", "target": 0.8, "unit": "ratio"},
-        {"name": "throughput kv_aware / least_requests (equal throughput)", "value": round(kv["throughput_tok_s"] / lr["throughput_tok_s"], 4), "op": ">=", "target": 0.95, "unit": "ratio"},
+        goal("p95 trajectory latency kv_aware / least_requests", round(kv["latency_p95_s"] / lr["latency_p95_s"], 4), "<=", 0.8, "ratio"),
+        goal("throughput kv_aware / least_requests (equal throughput)", round(kv["throughput_tok_s"] / lr["throughput_tok_s"], 4), ">=", 0.95, "ratio"),
     ]

@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from goals import goal, print_goals
+
 from rstar.hardware import cpu_info
 from rstar.orphan_guard import descendants, process_table
 from rstar.sandbox import cell, protocol
@@ -250,21 +252,14 @@ def report(results: dict, quick: bool) -> dict:
     warm = results["warm_fork"]
     goals = [
         # Isolation nearly free: within 1.25x of the same warm fork per call with no isolation at all.
-        {"name": "print1_p50_over_warm_fork", "value": round(ours["print1"]["p50_ms"] / warm["print1"]["p50_ms"], 2),
-         "op": "<=", "target": 1.25, "unit": "x"},
-        {"name": "warm_fork_calls_per_s_over_ours",
-         "value": round(warm["throughput"]["calls_per_s"] / ours["throughput"]["calls_per_s"], 2),
-         "op": "<=", "target": 1.25, "unit": "x"},
+        goal("print1_p50_over_warm_fork", round(ours["print1"]["p50_ms"] / warm["print1"]["p50_ms"], 2), "<=", 1.25, "x"),
+        goal("warm_fork_calls_per_s_over_ours", round(warm["throughput"]["calls_per_s"] / ours["throughput"]["calls_per_s"], 2), "<=", 1.25, "x"),
         # Warm pays: at least 3x a fresh interpreter per call.
-        {"name": "print1_p50_speedup_over_python_c", "value": ratios["python_c"]["print1_p50_speedup"],
-         "op": ">=", "target": 3, "unit": "x"},
-        {"name": "calls_per_s_over_python_c", "value": ratios["python_c"]["calls_per_s_ratio"],
-         "op": ">=", "target": 3, "unit": "x"},
+        goal("print1_p50_speedup_over_python_c", ratios["python_c"]["print1_p50_speedup"], ">=", 3, "x"),
+        goal("calls_per_s_over_python_c", ratios["python_c"]["calls_per_s_ratio"], ">=", 3, "x"),
         # A numpy/sympy cell pays no import cost: a tenth of what a fresh process pays, or less.
-        {"name": "numpy_cell_p50_speedup_over_python_c", "value": ratios["python_c"]["numpy_cell_p50_speedup"],
-         "op": ">=", "target": 10, "unit": "x"},
-        {"name": "sympy_cell_p50_speedup_over_python_c", "value": ratios["python_c"]["sympy_cell_p50_speedup"],
-         "op": ">=", "target": 10, "unit": "x"},
+        goal("numpy_cell_p50_speedup_over_python_c", ratios["python_c"]["numpy_cell_p50_speedup"], ">=", 10, "x"),
+        goal("sympy_cell_p50_speedup_over_python_c", ratios["python_c"]["sympy_cell_p50_speedup"], ">=", 10, "x"),
     ]
     return {
         "benchmark": "sandbox_bench",
@@ -290,9 +285,7 @@ def print_table(out: dict) -> None:
               f"{r['numpy_cell']['p50_ms']:10.2f} {r['sympy_cell']['p50_ms']:10.2f}")
     for base, ratio in out["ratios"].items():
         print(f"ours vs {base}: " + ", ".join(f"{k} {v}x" for k, v in ratio.items()))
-    for goal in out["goals"]:
-        met = goal["value"] <= goal["target"] if goal["op"] == "<=" else goal["value"] >= goal["target"]
-        print(f"goal {goal['name']}: {goal['value']} {goal['op']} {goal['target']} {goal['unit']} -> {'met' if met else 'NOT met'}")
+    print_goals(out["goals"])
 
 
 def main() -> None:

@@ -39,9 +39,13 @@ import time
 from pathlib import Path
 
 import httpx
+from goals import goal, print_goals
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # the loop benchmark streams from the tests' scripted engine
+sys.path.insert(0, str(REPO))  # the tests' support modules: free ports, the scripted engine the loop benchmark streams from
+
+from tests.processes import free_port  # noqa: E402
+
 MODEL_NAME = "SmolLM2-135M-Instruct"
 MAX_MODEL_LEN = 2048
 PROMPTS = [f"Write two sentences about the number {i}." for i in range(64)]
@@ -50,14 +54,6 @@ QUICK_CODE = "print(6*7)"
 SLOW_CODE = "import time\ntime.sleep(2)\nprint(1)"
 # Which server each measured client talks to, and whether ours gets the tool prompt; "engine" is EngineAlone.
 CLIENTS = {"vllm": ("vllm", None), "ours": ("ours", True), "ours_no_tools": ("ours", False), "engine_alone": ("engine", None)}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Server:
@@ -427,28 +423,26 @@ def load_settings_models_dir() -> Path:
 
 
 def goals_of(figures: dict, quick: bool) -> list[dict]:
-    """Issue 11's goals (throughput and TTFT against `vllm serve`'s defaults, second start) and issue 4's
-    (loop overhead, disconnect storm)."""
+    """Throughput and TTFT against `vllm serve`'s defaults, the second start, the loop's overhead and the
+    disconnect storm."""
     table = figures["throughput"]
     goals = []
     for concurrency in (1, 8, 32):
         if concurrency not in table["vllm"]:
             continue
         vllm = table["vllm"][concurrency]["tokens_per_s"]
-        goals.append({"name": f"throughput_ratio_no_tools_c{concurrency}", "value": round(table["ours_no_tools"][concurrency]["tokens_per_s"] / vllm, 3),
-                      "op": ">=", "target": 1.5 if concurrency == 32 else 1.0, "unit": "ratio"})
-        goals.append({"name": f"throughput_ratio_tool_prompt_c{concurrency}", "value": round(table["ours"][concurrency]["tokens_per_s"] / vllm, 3),
-                      "op": ">=", "target": 0.95, "unit": "ratio"})
-    goals.append({"name": "ttft_p50_c1_no_tools_minus_vllm", "value": round(table["ours_no_tools"][1]["ttft_p50_ms"] - table["vllm"][1]["ttft_p50_ms"], 1),
-                  "op": "<=", "target": 0, "unit": "ms"})
+        ours_no_tools, ours = table["ours_no_tools"][concurrency]["tokens_per_s"], table["ours"][concurrency]["tokens_per_s"]
+        goals.append(goal(f"throughput_ratio_no_tools_c{concurrency}", round(ours_no_tools / vllm, 3), ">=", 1.5 if concurrency == 32 else 1.0, "ratio"))
+        goals.append(goal(f"throughput_ratio_tool_prompt_c{concurrency}", round(ours / vllm, 3), ">=", 0.95, "ratio"))
+    goals.append(goal("ttft_p50_c1_no_tools_minus_vllm", round(table["ours_no_tools"][1]["ttft_p50_ms"] - table["vllm"][1]["ttft_p50_ms"], 1), "<=", 0, "ms"))
     attempt = "start_s" if quick else "second_start_s"
-    goals.append({"name": f"{attempt.removesuffix('_s')}_minus_vllm", "value": round(figures["start_up"]["ours"][attempt] - figures["start_up"]["vllm"][attempt], 1),
-                  "op": "<=", "target": 0, "unit": "s"})
-    goals.append({"name": "loop_overhead_per_tool_turn", "value": figures["loop"]["ms_per_tool_turn"], "op": "<=", "target": 5, "unit": "ms"})
+    start_up = figures["start_up"]
+    goals.append(goal(f"{attempt.removesuffix('_s')}_minus_vllm", round(start_up["ours"][attempt] - start_up["vllm"][attempt], 1), "<=", 0, "s"))
+    goals.append(goal("loop_overhead_per_tool_turn", figures["loop"]["ms_per_tool_turn"], "<=", 5, "ms"))
     if storm := figures.get("disconnects"):
-        goals.append({"name": "disconnect_storm_errors_on_other_clients", "value": storm["errors_on_others"], "op": "<=", "target": 0, "unit": "requests"})
-        goals.append({"name": "disconnect_storm_engine_requests_left", "value": storm["engine_unfinished_after"], "op": "<=", "target": 0, "unit": "requests"})
-        goals.append({"name": "disconnect_storm_sandbox_processes_left", "value": storm["sandbox_processes_left"], "op": "<=", "target": 0, "unit": "processes"})
+        goals.append(goal("disconnect_storm_errors_on_other_clients", storm["errors_on_others"], "<=", 0, "requests"))
+        goals.append(goal("disconnect_storm_engine_requests_left", storm["engine_unfinished_after"], "<=", 0, "requests"))
+        goals.append(goal("disconnect_storm_sandbox_processes_left", storm["sandbox_processes_left"], "<=", 0, "processes"))
     return goals
 
 
@@ -475,9 +469,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"  rstar serve picked: {figures['rstar_defaults']}")
-    for goal in goals:
-        met = goal["value"] >= goal["target"] if goal["op"] == ">=" else goal["value"] <= goal["target"]
-        print(f"  goal {goal['name']}: {goal['value']} {goal['unit']} ({goal['op']} {goal['target']}) {'met' if met else 'NOT met'}")
+    print_goals(goals)
     print(f"wrote {args.out}")
 
 

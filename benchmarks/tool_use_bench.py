@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
+from goals import goal
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -166,8 +167,8 @@ def main() -> None:
     goals = []
     if default is not None:
         goals = [
-            {"name": "default: well-formed tool call", "value": round(default["tool_call_rate"], 4), "op": ">=", "target": 0.95, "unit": "share"},
-            {"name": "default: accuracy after a tool result", "value": round(default["accuracy_after_tool"], 4), "op": ">=", "target": 0.80, "unit": "share"},
+            goal("default: well-formed tool call", round(default["tool_call_rate"], 4), ">=", 0.95, "share"),
+            goal("default: accuracy after a tool result", round(default["accuracy_after_tool"], 4), ">=", 0.80, "share"),
         ]
     output = {
         "benchmark": "tool_use_bench",

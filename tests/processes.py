@@ -1,8 +1,9 @@
-"""Helpers for tests that start rstar as a user would: a free port, waiting until a process serves, and
-clearing what a killed engine leaves in shared memory."""
+"""Helpers for tests that start rstar as a user would: a free port, starting a server and waiting until it
+serves, and clearing what a killed engine leaves in shared memory."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import time
@@ -31,6 +32,17 @@ def wait_until_serving(process: subprocess.Popen, url: str, log_path: Path, time
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
+
+
+def start_logged(command: list[str], env: dict, log_path: Path, url: str) -> subprocess.Popen:
+    """Start a CLI server as a user would, its output in `log_path`, and wait until `url` answers."""
+    log = open(log_path, "w")
+    # Ctrl-C as a terminal delivers it: a test run started in the background of a non-interactive shell
+    # inherits SIGINT ignored, and Python keeps it ignored, so the server could not stop the way users stop it.
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    log.close()  # the child holds its own copy
+    wait_until_serving(process, url, log_path, timeout_s=300)
+    return process
 
 
 def remove_orphaned_shared_memory(since: float) -> list[str]:

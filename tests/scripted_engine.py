@@ -11,15 +11,28 @@ what was aborted, so tests can check both sides of the boundary.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rstar.sandbox.tools import PYTHON_TOOL
 from rstar.server.engine import EngineStats, SamplingOptions, TokenDelta
 
 TURN_END = "<|im_end|>"
+
+
+def call(code: str, name: str = PYTHON_TOOL) -> str:
+    """A built-in tool call as a model writes it, for scripted turns."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": {"code": code, "input": ""}}) + "\n</tool_call>"
+
+
+def scripted_engine(tokenizer, turns: list[str], **options) -> "ScriptedEngine":
+    """The scripted engine streaming three tokens per delta, so the loop's parsers see tokens arrive in
+    groups as they do from vLLM."""
+    return ScriptedEngine(tokenizer, turns, tokens_per_delta=3, **options)
 
 
 @dataclass

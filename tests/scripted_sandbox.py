@@ -65,3 +65,8 @@ class ScriptedSandbox:
 
     async def close(self) -> None:
         self.closed = True
+
+
+def scripted_sandbox(outputs: dict[str, str] | None = None, delay_s: float = 0.0) -> ScriptedSandbox:
+    """The scripted sandbox reporting 0.25 s per run; the loop reaches it through the real SandboxExecutor."""
+    return ScriptedSandbox(outputs or {}, duration_s=0.25, delay_s=delay_s)

@@ -23,8 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import DEFAULT_MODEL_NAME
-from tests.integration.test_serve_cli import start_logged
-from tests.processes import free_port
+from tests.processes import free_port, start_logged
 from tests.waiting import wait_for
 
 

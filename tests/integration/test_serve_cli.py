@@ -19,18 +19,7 @@ from sqlalchemy import select
 from rstar.hardware import accelerator, cpu_info
 from rstar.server.db import Conversation, open_database
 from rstar.server.engine_defaults import choose_eager
-from tests.processes import free_port, wait_until_serving
-
-
-def start_logged(command: list[str], env: dict, log_path, url: str):
-    """Start a CLI server as a user would, its output in `log_path`, and wait until `url` answers."""
-    log = open(log_path, "w")
-    # Ctrl-C as a terminal delivers it: a test run started in the background of a non-interactive shell
-    # inherits SIGINT ignored, and Python keeps it ignored, so the server could not stop the way users stop it.
-    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    log.close()  # the child holds its own copy
-    wait_until_serving(process, url, log_path, timeout_s=300)
-    return process
+from tests.processes import free_port, start_logged
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,17 @@ from fastapi.testclient import TestClient
 
 from rstar.config import load_settings
 from rstar.server.api import create_app
-from tests.scripted_engine import ScriptedEngine
+from tests.scripted_engine import ScriptedEngine, call
 from tests.scripted_sandbox import ScriptedSandbox
 
 REPLY = "Two plus two is 4."
+QUESTION = [{"role": "user", "content": "What is 6*7?"}]
+# One built-in call, then the answer that reads its result.
+TOOL_TURNS = ("<reason>Let me compute.</reason>\n" + call("print(6*7)"), "<reason>The tool says 42.</reason>The answer is 42.")
+
+
+def sandbox_of(http):
+    return http.app.state.serving.sandbox
 
 
 @pytest.fixture

@@ -28,27 +28,12 @@ from rstar.server.engine import SamplingOptions, TokenDelta
 from rstar.server.tool_calls import TextDelta, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
 from rstar.server.tool_results import tool_turn_text
 from rstar.server.trajectory import Trajectory
-from tests.scripted_engine import ScriptedEngine
-from tests.scripted_sandbox import ScriptedSandbox
+from tests.scripted_engine import call, scripted_engine
+from tests.scripted_sandbox import scripted_sandbox
 
 QUESTION = [{"role": "user", "content": "How many positive divisors does 2024 have?"}]
 TOOLS = builtin_tool_schemas([PYTHON_TOOL, JUPYTER_TOOL])
 SAMPLING = SamplingOptions(max_tokens=1, temperature=0.6)
-
-
-def call(code: str, name: str = PYTHON_TOOL) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": {"code": code, "input": ""}}) + "\n</tool_call>"
-
-
-def scripted_engine(tokenizer, turns: list[str], **options) -> ScriptedEngine:
-    """The scripted engine streaming three tokens per delta, so the loop's parsers see tokens arrive in
-    groups as they do from vLLM."""
-    return ScriptedEngine(tokenizer, turns, tokens_per_delta=3, **options)
-
-
-def scripted_sandbox(outputs: dict[str, str] | None = None, delay_s: float = 0.0) -> ScriptedSandbox:
-    """The scripted sandbox reporting 0.25 s per run; the loop reaches it through the real SandboxExecutor."""
-    return ScriptedSandbox(outputs or {}, duration_s=0.25, delay_s=delay_s)
 
 
 def run(engine, executor, template, config=LoopConfig(), messages=QUESTION, tools=TOOLS) -> Trajectory:

@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from rstar.asgi import ClientDisconnected, cancel_on_disconnect
-from tests.unit.api_server import REPLY, make_server  # noqa: F401 (fixture)
-from tests.unit.test_api_tools import QUESTION, TOOL_TURNS, call, sandbox_of
+from tests.scripted_engine import call
+from tests.unit.api_server import QUESTION, REPLY, TOOL_TURNS, make_server, sandbox_of  # noqa: F401 (fixture)
 
 # -- limits -------------------------------------------------------------------------------------------
 

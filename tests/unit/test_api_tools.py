@@ -9,21 +9,10 @@ import time
 import openai
 import pytest
 
-from tests.unit.api_server import make_server  # noqa: F401 (fixture)
+from tests.scripted_engine import call
+from tests.unit.api_server import QUESTION, TOOL_TURNS, make_server, sandbox_of  # noqa: F401 (fixture)
 
-QUESTION = [{"role": "user", "content": "What is 6*7?"}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
-
-
-def call(code: str, name: str = "python_code_with_standard_io") -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": {"code": code, "input": ""}}) + "\n</tool_call>"
-
-
-TOOL_TURNS = ("<reason>Let me compute.</reason>\n" + call("print(6*7)"), "<reason>The tool says 42.</reason>The answer is 42.")
-
-
-def sandbox_of(http):
-    return http.app.state.serving.sandbox
 
 
 def test_builtin_call_runs_in_the_sandbox_and_its_output_reaches_the_model(make_server):

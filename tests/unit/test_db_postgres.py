@@ -15,8 +15,7 @@ from sqlalchemy import inspect, select
 
 from rstar.sandbox.clients import LocalClient
 from rstar.server.db import Conversation, EvalRun, EvalSample, Message, StoredTrajectory, close_database, current_revision, head_revisions, make_engine, open_database
-from tests.unit.api_server import make_server  # noqa: F401 (fixture)
-from tests.unit.test_api_tools import QUESTION, TOOL_TURNS
+from tests.unit.api_server import QUESTION, TOOL_TURNS, make_server  # noqa: F401 (fixture)
 
 PORT = 54329
 

@@ -17,8 +17,9 @@ from rstar.server.builtin_tools import builtin_tool_schemas
 from rstar.server.chat_template import rstar_template
 from rstar.server.engine import SamplingOptions
 from rstar.server.tool_results import render_exec_result
+from tests.scripted_engine import call, scripted_engine
+from tests.scripted_sandbox import scripted_sandbox
 from tests.unit.golden_files import check_json
-from tests.unit.test_agent_loop import call, scripted_engine, scripted_sandbox
 
 TOOLS = builtin_tool_schemas([PYTHON_TOOL])
 PROBLEM = "What is 59154 times 42196?"

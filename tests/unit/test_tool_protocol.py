@@ -1,47 +1,37 @@
 """The two tool protocols: the rStar template and the tool-turn bridge against renders of the released
-template (an independent reference, ../shared/reference/rstar_template_renders.json), and each difference
+template (an independent reference, tests/reference/rstar_template_renders.json), and each difference
 between `released` and `improved` in the agent loop, with the scripted engine."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-from pathlib import Path
 
 import pytest
-from test_agent_loop import QUESTION, SAMPLING, call, scripted_engine, scripted_sandbox
 
 from rstar.config import load_settings
 from rstar.sandbox.tools import PYTHON_TOOL
 from rstar.server.agent_loop import LoopConfig, run_trajectory
 from rstar.server.builtin_tools import builtin_tool_schemas
 from rstar.server.chat_template import rstar_template
+from rstar.server.engine import SamplingOptions
 from rstar.server.model_store import default_tool_protocol
 from rstar.server.schemas import CodeCell
 from rstar.server.tool_results import protocol_max_tool_response_chars, tool_turn_ids, tool_turn_text
 from rstar.server.trajectory import Trajectory
-from tests.scripted_sandbox import ScriptedSandbox
+from tests.released_renders import released_renders
+from tests.scripted_engine import call, scripted_engine
+from tests.scripted_sandbox import ScriptedSandbox, scripted_sandbox
 
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "rstar_template_renders.json"
+QUESTION = [{"role": "user", "content": "How many positive divisors does 2024 have?"}]
+SAMPLING = SamplingOptions(max_tokens=1, temperature=0.6)
 INSTRUCTION = (
     "You must put your answer inside <answer> </answer> tags, i.e., <answer> answer here </answer>. "
     "And your final answer will be extracted automatically by the \\boxed{} tag.\nThis is the problem:\n"
 )
 
 
-def reference_cases() -> dict[str, dict]:
-    if not REFERENCE.is_file():
-        if os.environ.get("CI") == "1":
-            raise FileNotFoundError(f"{REFERENCE} is missing: CI must clone the project beside ../shared")
-        pytest.skip(f"the shared reference {REFERENCE} is not on this machine")
-    data = json.loads(REFERENCE.read_text())
-    assert "ecbfb943" in data["source"]  # renders of the released template at the commit the notes cite
-    return {case["name"]: case for case in data["cases"]}
-
-
 def test_the_reference_has_all_eight_cases():
-    assert len(reference_cases()) == 8
+    assert len(released_renders()) == 8
 
 
 FAITHFUL = ["user_with_tools_generation", "user_no_tools_generation", "system_user_with_tools", "system_user_no_tools",
@@ -50,13 +40,13 @@ FAITHFUL = ["user_with_tools_generation", "user_no_tools_generation", "system_us
 
 @pytest.mark.parametrize("name", FAITHFUL)
 def test_rstar_template_renders_as_released(name):
-    case = reference_cases()[name]
+    case = released_renders()[name]
     ours = rstar_template().render(case["messages"], case["tools"], add_generation_prompt=case["add_generation_prompt"])
     assert ours == case["rendered"]
 
 
 def test_assistant_without_tool_calls_differs_only_by_the_fixed_instruction_prefix():
-    case = reference_cases()["assistant_without_tool_calls_BUG"]
+    case = released_renders()["assistant_without_tool_calls_BUG"]
     ours = rstar_template().render(case["messages"], case["tools"], add_generation_prompt=True)
     content = case["messages"][1]["content"]
     released_turn = f"<|im_start|>assistant\n{INSTRUCTION}{content}<|im_end|>"
@@ -65,7 +55,7 @@ def test_assistant_without_tool_calls_differs_only_by_the_fixed_instruction_pref
 
 
 def test_bridge_released_is_the_released_loop_suffix_and_improved_adds_one_newline(default_tokenizer):
-    case = reference_cases()["released_loop_tool_turn_suffix"]
+    case = released_renders()["released_loop_tool_turn_suffix"]
     template = rstar_template(default_tokenizer)
     responses = [message["content"] for message in case["messages"]]
     assert tool_turn_text(template, responses, "<|im_end|>", "released") == case["rendered"]
@@ -90,7 +80,7 @@ ONE_CALL = ["Add them.\n" + call("print(2 + 3)"), "Five.</reason>\n<answer>\\box
 def test_token_stream_per_protocol_matches_the_released_loop_where_it_should(default_tokenizer, protocol):
     """The prompt is the released template's render; after the model's <|im_end|> the released stream goes
     straight to <|im_start|>user (the reference suffix), the improved one has the template's newline."""
-    cases = reference_cases()
+    cases = released_renders()
     trajectory, sandbox = run(default_tokenizer, ONE_CALL, protocol)
     released_prompt = cases["user_with_tools_generation"]["rendered"].replace("What is 1+2+...+100?", QUESTION[0]["content"])
     assert default_tokenizer.decode(trajectory.prompt_ids) == released_prompt

@@ -1,0 +1,30 @@
+"""The `goals` list each benchmark writes into its JSON: one entry per goal its issue names, in the shape
+benchmarks/README.md gives. Built and reported here, so each script states only its names and figures."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Op = Literal["<=", ">="]
+
+
+def goal(name: str, value: float | None, op: Op, target: float, unit: str) -> dict:
+    """One goal entry; `value` is None when the run could not measure it."""
+    if op not in ("<=", ">="):
+        raise ValueError(f"a goal compares with '<=' or '>=', not {op!r}")
+    return {"name": name, "value": value, "op": op, "target": target, "unit": unit}
+
+
+def met(entry: dict) -> bool | None:
+    """Whether a goal entry is met; None when it was not measured."""
+    value = entry["value"]
+    if value is None:
+        return None
+    return value <= entry["target"] if entry["op"] == "<=" else value >= entry["target"]
+
+
+def print_goals(goals: list[dict]) -> None:
+    """One line a goal: its figure beside its target, and whether it is met (a benchmark measures, it does not judge)."""
+    for entry in goals:
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[met(entry)]
+        print(f"goal {entry['name']}: {entry['value']} {entry['op']} {entry['target']} {entry['unit']}: {verdict}")
