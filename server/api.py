@@ -37,7 +37,7 @@ from rstar.server.schemas import ChatCompletionRequest, CompletionRequest, Detok
 from rstar.server.schemas_responses import ResponsesRequest
 from rstar.server.serving_base import Serving, sse
 from rstar.server.serving_chat import ChatService
-from rstar.server.serving_completions import CompletionService, detokenize, tokenize
+from rstar.server.serving_completions import CompletionService, detokenize
 from rstar.server.serving_responses import ResponsesService
 
 log = logging.getLogger("rstar.server")
@@ -155,7 +155,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
 
     @app.post("/tokenize", dependencies=authorized)
     async def tokenize_route(body: TokenizeRequest, request: Request) -> dict:
-        return tokenize(request.app.state.serving, body)
+        return await request.app.state.chat.tokenize(body)
 
     @app.post("/detokenize", dependencies=authorized)
     async def detokenize_route(body: DetokenizeRequest, request: Request) -> dict:

@@ -82,17 +82,43 @@ class AgentOptions(_Request):
     )
 
 
-class ChatCompletionRequest(AgentOptions):
-    model: str
+class ChatPrompt(AgentOptions):
+    """What a chat request renders into its prompt; /tokenize takes the same fields, so it renders the same."""
+
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolSpec] | None = None
     tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    conversation_id: str | None = Field(None, description="Store this exchange into that existing conversation (its messages are replaced).")
     continue_final_message: bool = Field(False, description="vLLM's: the final assistant message is the start of the answer.")
     add_generation_prompt: bool = Field(
         True, description="vLLM's. false only together with continue_final_message (the answer continues the final message)."
     )
+
+    @model_validator(mode="after")
+    def _consistent_prompt(self):
+        if self.continue_final_message and (not self.messages or self.messages[-1].role != "assistant"):
+            raise ValueError("continue_final_message requires the last message to be from the assistant")
+        names = [tool.function.name for tool in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: function names must be unique")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among tools")
+        if self.tool_choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        return self
+
+    @property
+    def wire_tools(self) -> list[dict]:
+        return [tool.model_dump(exclude_none=True) for tool in self.tools or []]
+
+    @property
+    def wire_tool_choice(self) -> str | dict | None:
+        return self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
+
+
+class ChatCompletionRequest(ChatPrompt):
+    model: str
+    parallel_tool_calls: bool | None = None
+    conversation_id: str | None = Field(None, description="Store this exchange into that existing conversation (its messages are replaced).")
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=16)
@@ -112,19 +138,10 @@ class ChatCompletionRequest(AgentOptions):
     def _consistent(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs=true")
-        if self.continue_final_message and self.messages[-1].role != "assistant":
-            raise ValueError("continue_final_message requires the last message to be from the assistant")
         # Without a generation prompt the model would have to open its own turn; the agent loop (tool calls,
         # reasoning split) reads an answer that starts inside an assistant turn, so only the continuation form works.
         if not self.add_generation_prompt and not self.continue_final_message:
             raise ValueError("add_generation_prompt=false is supported only with continue_final_message=true")
-        names = [tool.function.name for tool in self.tools or []]
-        if len(set(names)) != len(names):
-            raise ValueError("tools: function names must be unique")
-        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
-            raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among tools")
-        if self.tool_choice == "required" and not names:
-            raise ValueError("tool_choice 'required' needs tools")
         return self
 
     @property
@@ -377,13 +394,13 @@ class Completion(BaseModel):
     prompt_token_ids: list[int] | None = None
 
 
-class TokenizeRequest(_Request):
-    """Either `prompt` (text as it is) or `messages` (rendered with the served chat template first)."""
+class TokenizeRequest(ChatPrompt):
+    """Either `prompt` (text as it is) or `messages` with the rest of a chat request's prompt fields, rendered
+    exactly as /v1/chat/completions renders them (its tools, built-in tool and template choice included)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
     add_special_tokens: bool = False
 
     @model_validator(mode="after")

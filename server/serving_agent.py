@@ -1,4 +1,4 @@
-"""Turning a chat request's messages, tools and options into agent-loop runs (`plan_agent`, `run_choices`),
+"""Turning a chat request's messages, tools and options into agent-loop runs (`prompt`, `plan`, `run_choices`),
 and folding loop events into one answer per choice (`Answer`), which chat completions and responses then
 put on the wire in their own shapes.
 """
@@ -27,22 +27,31 @@ from rstar.server.tool_results import protocol_max_tool_response_chars
 from rstar.server.trajectory import ToolCallRecord, Trajectory, openai_finish_reason
 
 
-@dataclass
-class AgentPlan:
-    """One request, ready for the loop: what is rendered, what may be called, and how each choice samples."""
+@dataclass(frozen=True)
+class Prompt:
+    """A request's prompt as the agent loop starts from it, rendered and encoded once (`AgentServing.prompt`)."""
 
     template: ChatTemplate
-    messages: list[dict]
-    tools: list[dict]  # listed in the prompt
+    messages: list[dict]  # the request's, with the opening of a forced tool call when tool_choice asks for one
+    tools: list[dict]  # listed in the prompt: the built-in tool, then the client's
+    client_tools: frozenset[str]  # names of the client's tools the model may call
+    builtin_tools: bool
+    continue_final_message: bool
+    ids: list[int]
+
+
+@dataclass
+class AgentPlan:
+    """One request, ready for the loop: its prompt, what may be called, and how each choice samples."""
+
+    prompt: Prompt
     config: LoopConfig
     sampling: list[SamplingOptions]  # one per choice
-    continue_final_message: bool
-    prompt_ids: list[int]  # encoded once, here; the loop starts from them
     executor: SandboxExecutor
 
     @property
     def prompt_len(self) -> int:
-        return len(self.prompt_ids)
+        return len(self.prompt.ids)
 
 
 @dataclass(frozen=True)
@@ -61,8 +70,6 @@ class AgentSamplingOptions:
     top_logprobs: int = 0
     max_turns: int | None = None
     tool_timeout: float | None = None
-    chat_template: str | None = None  # "rstar" | "model"; None: the server's choice
-    chat_template_kwargs: dict[str, Any] | None = None
     tool_protocol: ToolProtocol | None = None  # None: the server's choice
 
 
@@ -79,23 +86,23 @@ def forced_call_prefix(tool_choice: Any) -> str | None:
 class AgentServing(ServingBase):
     """The base of the endpoints that answer through the agent loop (chat completions, responses)."""
 
-    async def plan(
+    async def prompt(
         self,
         messages: Sequence[Mapping],
         client_tools: Sequence[Mapping],
         tool_choice: Any,
         builtin_tools: bool,
-        options: AgentSamplingOptions,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         continue_final_message: bool = False,
-    ) -> AgentPlan:
-        """Validate a request against the server's limits and the context window (APIError 400 when it does
-        not fit), and encode its prompt, once, off the event loop."""
-        serving = self.serving
-        settings = serving.settings.api
-        template = serving.template_for(options.chat_template, options.chat_template_kwargs)
+        add_generation_prompt: bool = True,
+    ) -> Prompt:
+        """Render and encode a request's prompt, once, off the event loop (APIError 400 when the template
+        cannot). /tokenize renders through here too, so it shows exactly the prompt the model is sent."""
+        template = self.serving.template_for(chat_template, chat_template_kwargs)
         messages = [dict(message) for message in messages]
         offered = [] if tool_choice == "none" else [dict(tool) for tool in client_tools]
-        builtin = builtin_tool_schemas([PYTHON_TOOL]) if builtin_tools else []
+        tools = (builtin_tool_schemas([PYTHON_TOOL]) if builtin_tools else []) + offered
         prefix = forced_call_prefix(tool_choice)
         if prefix is not None:
             if continue_final_message:
@@ -103,19 +110,30 @@ class AgentServing(ServingBase):
             else:
                 messages.append({"role": "assistant", "content": template.generation_prefix + prefix})
             continue_final_message = True
-        max_turns = options.max_turns or settings.max_turns
-        if max_turns > settings.max_turns_limit:
-            raise APIError(400, f"max_turns may be at most {settings.max_turns_limit}", "max_turns")
-        tools = builtin + offered
-        encode = template.encode_continuation if continue_final_message else template.encode
+
+        def encode() -> list[int]:
+            if continue_final_message:
+                return template.encode_continuation(messages, tools)
+            return template.encode(messages, tools, add_generation_prompt)
+
         try:
-            prompt_ids = await self.off_loop(lambda: encode(messages, tools))
+            ids = await self.off_loop(encode)
         except RenderTimeout:
             raise render_timeout_error("messages") from None
         except Exception as exc:  # a template that cannot render these messages (roles, order)
             raise APIError(400, f"the chat template cannot render these messages: {exc}", "messages") from exc
-        room = self.context_room(len(prompt_ids), options.max_tokens)
         client_names = frozenset(tool["function"]["name"] for tool in offered)
+        return Prompt(template, messages, tools, client_names, builtin_tools, continue_final_message, ids)
+
+    def plan(self, prompt: Prompt, options: AgentSamplingOptions) -> AgentPlan:
+        """Validate a request against the server's limits and the context window (APIError 400 when it does
+        not fit)."""
+        serving = self.serving
+        settings = serving.settings.api
+        max_turns = options.max_turns or settings.max_turns
+        if max_turns > settings.max_turns_limit:
+            raise APIError(400, f"max_turns may be at most {settings.max_turns_limit}", "max_turns")
+        room = self.context_room(len(prompt.ids), options.max_tokens)
         protocol = options.tool_protocol or serving.tool_protocol
         cut = settings.max_tool_response_chars
         config = LoopConfig(
@@ -123,11 +141,11 @@ class AgentServing(ServingBase):
             max_response_tokens=options.max_tokens,
             # One built-in call per turn under both protocols, as released (verl's max_parallel_calls=1); the
             # released loop had no client tools, so clients may get parallel calls of their own tools.
-            max_parallel_calls=16 if client_names else 1,
+            max_parallel_calls=16 if prompt.client_tools else 1,
             tool_protocol=protocol,
             max_tool_response_chars=protocol_max_tool_response_chars(protocol) if cut is None else cut or None,
-            client_tools=client_names,
-            builtin_tools=frozenset(BUILTIN_TOOLS) if builtin_tools else frozenset(),
+            client_tools=prompt.client_tools,
+            builtin_tools=BUILTIN_TOOLS if prompt.builtin_tools else frozenset(),
             token_events=True,
             # Logprobs cost the engine a log-softmax per step and its frontend Python objects per token, so
             # they are computed only when asked for; stored trajectories then carry logprobs null.
@@ -136,7 +154,7 @@ class AgentServing(ServingBase):
         )
         sampling = SamplingOptions(max_tokens=room, temperature=options.temperature, top_p=options.top_p, top_k=max(options.top_k, 0), seed=options.seed, stop=options.stop)
         executor = SandboxExecutor(serving.sandbox, options.tool_timeout)
-        return AgentPlan(template, messages, tools, config, per_choice(sampling, options.n), continue_final_message, prompt_ids, executor)
+        return AgentPlan(prompt, config, per_choice(sampling, options.n), executor)
 
     async def run_choices(self, plan: AgentPlan, request_id: str, received_at: float) -> AsyncIterator[tuple[Answer, list[Any]]]:
         """Run every choice's loop concurrently, yielding (answer, stream pieces) as events arrive, until the
@@ -147,15 +165,15 @@ class AgentServing(ServingBase):
         streams = [
             run_agent(
                 serving.engine,
-                plan.template,
-                plan.messages,
-                plan.tools,
+                plan.prompt.template,
+                plan.prompt.messages,
+                plan.prompt.tools,
                 sampling,
                 plan.executor,
                 plan.config,
                 request_id=f"{request_id}-{i}",
-                continue_final_message=plan.continue_final_message,
-                prompt_ids=plan.prompt_ids,
+                continue_final_message=plan.prompt.continue_final_message,
+                prompt_ids=plan.prompt.ids,
             )
             for i, sampling in enumerate(plan.sampling)
         ]

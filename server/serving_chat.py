@@ -22,12 +22,14 @@ from rstar.server.schemas import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
+    ChatPrompt,
     ChoiceDelta,
     ChoiceLogprobs,
     ChunkChoice,
     CodeCell,
     FunctionCall,
     FunctionCallDelta,
+    TokenizeRequest,
     TokenLogprob,
     ToolCallDelta,
     ToolCallOut,
@@ -36,7 +38,7 @@ from rstar.server.schemas import (
     new_id,
     weights_fingerprint,
 )
-from rstar.server.serving_agent import AgentPlan, AgentSamplingOptions, AgentServing, Answer
+from rstar.server.serving_agent import AgentPlan, AgentSamplingOptions, AgentServing, Answer, Prompt
 from rstar.server.serving_base import SSE_DONE, request_messages, sse
 from rstar.server.tool_calls import TextDelta, ToolCallArgumentsDelta, ToolCallStarted
 
@@ -62,13 +64,32 @@ class ChatService(AgentServing):
             top_logprobs=request.top_logprobs or 0,
             max_turns=request.max_turns,
             tool_timeout=request.tool_timeout,
-            chat_template=request.chat_template,
-            chat_template_kwargs=request.chat_template_kwargs,
             tool_protocol=request.tool_protocol,
         )
-        tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
-        tool_choice = request.tool_choice.model_dump() if hasattr(request.tool_choice, "model_dump") else request.tool_choice
-        return await self.plan(request_messages(request.messages), tools, tool_choice, request.builtin_tools, options, request.continue_final_message)
+        return self.plan(await self.chat_prompt(request), options)
+
+    async def chat_prompt(self, request: ChatPrompt) -> Prompt:
+        return await self.prompt(
+            request_messages(request.messages),
+            request.wire_tools,
+            request.wire_tool_choice,
+            request.builtin_tools,
+            request.chat_template,
+            request.chat_template_kwargs,
+            request.continue_final_message,
+            request.add_generation_prompt,
+        )
+
+    async def tokenize(self, request: TokenizeRequest) -> dict:
+        """/tokenize: a text prompt as it is, or a chat request's prompt exactly as this endpoint renders it."""
+        serving = self.serving
+        if request.model is not None:
+            serving.check_model(request.model)
+        if request.messages is not None:
+            tokens = (await self.chat_prompt(request)).ids
+        else:
+            tokens = serving.engine.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+        return {"tokens": list(tokens), "count": len(tokens), "max_model_len": serving.engine.max_model_len}
 
     # -- non-streaming --------------------------------------------------------------------------------
 

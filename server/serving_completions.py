@@ -1,5 +1,5 @@
 """`/v1/completions` (plain generation from text or token ids, no template, no tool loop) and the
-`/tokenize` / `/detokenize` utilities, all with the served model's tokenizer."""
+`/detokenize` utility, both with the served model's tokenizer (`/tokenize` renders as chat does: serving_chat)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,10 @@ from rstar.server.schemas import (
     CompletionLogprobs,
     CompletionRequest,
     DetokenizeRequest,
-    TokenizeRequest,
     Usage,
     new_id,
 )
-from rstar.server.serving_base import SSE_DONE, Serving, ServingBase, merge, per_choice, render_timeout_error, request_messages, sse
+from rstar.server.serving_base import SSE_DONE, Serving, ServingBase, merge, per_choice, render_timeout_error, sse
 
 
 @dataclass
@@ -137,16 +136,6 @@ class CompletionService(ServingBase):
         if request.stream_options and request.stream_options.include_usage:
             yield event(Completion(id=completion_id, model=request.model, choices=[], usage=usage))
         yield SSE_DONE
-
-
-def tokenize(serving: Serving, request: TokenizeRequest) -> dict:
-    if request.model is not None:
-        serving.check_model(request.model)
-    if request.messages is not None:
-        tokens = serving.template.encode(request_messages(request.messages), add_generation_prompt=request.add_generation_prompt)
-    else:
-        tokens = serving.engine.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
-    return {"tokens": list(tokens), "count": len(tokens), "max_model_len": serving.engine.max_model_len}
 
 
 def detokenize(serving: Serving, request: DetokenizeRequest) -> dict:

@@ -207,8 +207,6 @@ class ResponsesService(AgentServing):
             seed=request.seed,
             max_turns=request.max_turns,
             tool_timeout=request.tool_timeout,
-            chat_template=request.chat_template,
-            chat_template_kwargs=request.chat_template_kwargs,
             tool_protocol=request.tool_protocol,
         )
         functions = [
@@ -216,7 +214,9 @@ class ResponsesService(AgentServing):
         ]
         choice = request.tool_choice.model_dump() if hasattr(request.tool_choice, "model_dump") else request.tool_choice
         # The built-in tool is OpenAI's code_interpreter here: offered when the request lists it.
-        return await self.plan(request.chat_messages(), functions, choice, request.code_interpreter and request.builtin_tools, options)
+        builtin = request.code_interpreter and request.builtin_tools
+        prompt = await self.prompt(request.chat_messages(), functions, choice, builtin, request.chat_template, request.chat_template_kwargs)
+        return self.plan(prompt, options)
 
     async def _events(self, request: ResponsesRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[dict]:
         response_id = _item_id("resp")

@@ -174,6 +174,30 @@ def test_tokenize_and_detokenize_round_trip(make_server):
     assert http.post("/detokenize", json={"tokens": [10**9]}).status_code == 400
 
 
+def test_tokenize_renders_the_prompt_a_chat_request_with_the_same_body_sends(make_server):
+    _, http, engine, _ = make_server()
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+    bodies = [
+        {"messages": QUESTION},
+        {"messages": QUESTION, "tools": [weather]},
+        {"messages": QUESTION, "tools": [weather], "builtin_tools": False, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+        {"messages": QUESTION, "tools": [weather], "tool_choice": "none", "chat_template": "rstar"},
+        {"messages": QUESTION, "chat_template": "rstar", "chat_template_kwargs": {"math_instruction": False}},
+        {"messages": [*QUESTION, {"role": "assistant", "content": "Let me see"}], "continue_final_message": True, "add_generation_prompt": False},
+    ]
+    rendered = []
+    for body in bodies:
+        chat = http.post("/v1/chat/completions", json={"model": "scripted", **body, "max_tokens": 1, "return_token_ids": True})
+        tokens = http.post("/tokenize", json={"model": "scripted", **body})
+        assert chat.status_code == tokens.status_code == 200, (chat.text, tokens.text)
+        assert tokens.json()["tokens"] == chat.json()["prompt_token_ids"], body
+        rendered.append(engine.tokenizer.decode(tokens.json()["tokens"]))
+    assert len(set(rendered)) == len(bodies)  # every field above changes the prompt
+    assert "get_weather" in rendered[1] and "python_code_with_standard_io" in rendered[1]
+    refused = http.post("/tokenize", json={"messages": QUESTION, "tools": [weather, weather]})
+    assert refused.status_code == 400 and "unique" in refused.json()["error"]["message"]
+
+
 def test_token_ids_outside_the_vocabulary_are_the_clients_error(make_server):
     _, http, engine, _ = make_server()
     vocabulary = len(engine.tokenizer)
