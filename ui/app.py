@@ -39,13 +39,13 @@ async def server_status(client: ApiClient) -> str:
 IDLE_QUEUE_POLL_S = 0.05
 
 
-def build_ui(endpoint: str, api_key: str | None = None, render_interval_s: float = RENDER_INTERVAL_S) -> gr.Blocks:
+def build_ui(endpoint: str, api_key: str | None = None, render_floor_s: float = RENDER_INTERVAL_S) -> gr.Blocks:
     client = ApiClient(endpoint, api_key)
     with gr.Blocks(title="rStar2-Agent", analytics_enabled=False) as demo:
         gr.Markdown("## rStar2-Agent: a reasoning model that writes and runs Python")
         status = gr.Markdown(elem_id="server-status")
         with gr.Tab("Chat", elem_id="tab-chat"):
-            build_chat_tab(client, demo, render_interval_s)
+            build_chat_tab(client, demo, render_floor_s)
         with gr.Tab("Evaluations", elem_id="tab-evals"):
             build_evals_tab(client, demo)
         with gr.Tab("Training", elem_id="tab-training"):
@@ -62,7 +62,7 @@ def build_ui(endpoint: str, api_key: str | None = None, render_interval_s: float
     return demo
 
 
-def mount_ui(app: FastAPI, endpoint: str, api_key: str | None = None, path: str = UI_PATH, render_interval_s: float = RENDER_INTERVAL_S) -> FastAPI:
+def mount_ui(app: FastAPI, endpoint: str, api_key: str | None = None, path: str = UI_PATH, render_floor_s: float = RENDER_INTERVAL_S) -> FastAPI:
     """Serve the UI at `path` on an existing FastAPI app (the API's own, for `rstar serve`).
 
     With an API key the UI asks for it as its password: the UI holds the key and calls the API with it, so
@@ -74,7 +74,7 @@ def mount_ui(app: FastAPI, endpoint: str, api_key: str | None = None, path: str 
 
     return gr.mount_gradio_app(
         app,
-        build_ui(endpoint, api_key, render_interval_s),
+        build_ui(endpoint, api_key, render_floor_s),
         path=path,
         theme=THEME,
         css=CSS,

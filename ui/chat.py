@@ -12,7 +12,7 @@ import itertools
 import json
 import logging
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
@@ -45,19 +45,28 @@ T = TypeVar("T")
 
 # The page re-renders the whole growing message on every update it gets (Markdown, code highlighting, LaTeX),
 # so one update per streamed token costs the browser O(length) per token and falls behind a fast stream on a
-# slow CPU. An answer is sent to the page at most this often, each update carrying everything that arrived.
+# slow CPU. An answer is sent to the page at most every RENDER_INTERVAL_S, each update carrying everything
+# that arrived; past about 27K characters the interval grows with the answer's length, so that rendering costs
+# the page the same share of a core per second however long the answer gets.
 RENDER_INTERVAL_S = 1 / 15
+RENDER_SECONDS_PER_CHARACTER = 2.5e-6
+
+
+def render_interval_s(turn: AssistantTurn, floor_s: float) -> float:
+    """How long the answer's next update of the page waits at least (0 with a floor of 0: every event)."""
+    return max(floor_s, RENDER_SECONDS_PER_CHARACTER * turn.size) if floor_s > 0 else 0.0
+
 
 _END = object()
 
 
-async def batches_until_set(stop: asyncio.Event, events: AsyncIterator[T], interval_s: float = RENDER_INTERVAL_S) -> AsyncIterator[list[T]]:
-    """The items of `events` in batches, at most one batch per `interval_s`, until `stop` is set.
+async def batches_until_set(stop: asyncio.Event, events: AsyncIterator[T], interval_s: Callable[[], float]) -> AsyncIterator[list[T]]:
+    """The items of `events` in batches, at most one batch per `interval_s()` seconds, until `stop` is set.
 
     A batch goes out as soon as its interval has passed, whether or not more items come, so a quiet stream (a
     long tool call) never holds back what already arrived; what arrived before a stop or a failure of the
     stream still goes out. `stop` is watched even while the next item is awaited; then the stream is closed,
-    which makes the server abort the generation. `interval_s=0` yields every item on its own.
+    which makes the server abort the generation. An interval of 0 yields every item on its own.
     """
     loop = asyncio.get_running_loop()
     stopped = asyncio.ensure_future(stop.wait())
@@ -68,7 +77,7 @@ async def batches_until_set(stop: asyncio.Event, events: AsyncIterator[T], inter
             following = asyncio.ensure_future(anext(events, _END))
             try:
                 while True:
-                    wait_s = max(sent_at + interval_s - loop.time(), 0) if batch else None
+                    wait_s = max(sent_at + interval_s() - loop.time(), 0) if batch else None
                     await asyncio.wait({following, stopped}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
                     if following.done() and not stop.is_set():
                         if following.exception() is not None and batch:
@@ -79,7 +88,7 @@ async def batches_until_set(stop: asyncio.Event, events: AsyncIterator[T], inter
                             break
                         batch.append(item)
                         following = asyncio.ensure_future(anext(events, _END))
-                        if loop.time() < sent_at + interval_s:
+                        if loop.time() < sent_at + interval_s():
                             continue
                     elif stop.is_set():
                         break
@@ -168,10 +177,10 @@ def conversation_choices(conversations: list[dict[str, Any]]) -> list[tuple[str,
     return [(f"{(c.get('title') or '(untitled)')[:60]} · {when(c['created_at'])}", c["id"]) for c in conversations]
 
 
-def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_interval_s: float = RENDER_INTERVAL_S) -> None:
+def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = RENDER_INTERVAL_S) -> None:
     """Lay out the tab inside the current Blocks context and wire its events (and `demo`'s page load).
 
-    An answer updates the page at most once per `render_interval_s` (0: on every streamed event)."""
+    An answer updates the page at most once per `render_interval_s(turn, render_floor_s)` (0: every event)."""
     state = gr.State(new_state())
     with gr.Row():
         with gr.Column(scale=1, min_width=260):
@@ -246,7 +255,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_interval_s: float 
         yield shown + turn_messages(turn, streaming=True), progress, "", "", answer_signal(number, "streaming")
         stored_as = None
         try:
-            async for batch in batches_until_set(stop, client.stream_chat(payload), render_interval_s):
+            async for batch in batches_until_set(stop, client.stream_chat(payload), lambda: render_interval_s(turn, render_floor_s)):
                 for event in batch:
                     if event.kind == "started":
                         stored_as = event.value

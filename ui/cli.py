@@ -16,7 +16,7 @@ def ui(
     port: Annotated[int, typer.Option(help="Port the UI listens on.")] = 7860,
     api_key: Annotated[Optional[str], typer.Option(help="Bearer token, if the server requires one. [env: RSTAR_API_KEY]", envvar="RSTAR_API_KEY")] = None,
     render_interval: Annotated[
-        Optional[float], typer.Option(min=0, help="Seconds between an answer's updates of the page (0: one per streamed event). [default: 1/15]")
+        Optional[float], typer.Option(min=0, help="Least seconds between an answer's updates of the page, longer for a long answer (0: one per streamed event). [default: 1/15]")
     ] = None,
 ) -> None:
     """Serve the UI on its own port; every request goes to ENDPOINT over HTTP."""
@@ -25,7 +25,7 @@ def ui(
 
     from rstar.ui.app import UI_PATH, mount_ui
 
-    pacing = {} if render_interval is None else {"render_interval_s": render_interval}
+    pacing = {} if render_interval is None else {"render_floor_s": render_interval}
     app = mount_ui(FastAPI(), endpoint, api_key, path=UI_PATH, **pacing)
     typer.echo(f"UI at http://{host}:{port}{UI_PATH} (server: {endpoint})")
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -112,6 +112,11 @@ class AssistantTurn:
         return "".join(text for kind, text in self.segments if kind == "answer")
 
     @property
+    def size(self) -> int:
+        """Characters the page renders for this turn (text and cells alike), what a render's cost grows with."""
+        return sum(len(value) if isinstance(value, str) else sum(len(str(field)) for field in value.values()) for _, value in self.segments)
+
+    @property
     def reasoning(self) -> str:
         return "".join(text for kind, text in self.segments if kind == "reasoning")
 

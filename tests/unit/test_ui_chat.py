@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from rstar.ui.chat import batches_until_set, conversation_choices, new_state, request_payload
+from rstar.ui.chat import RENDER_INTERVAL_S, batches_until_set, conversation_choices, new_state, render_interval_s, request_payload
+from rstar.ui.render import AssistantTurn
 
 
 class Stream:
@@ -35,7 +36,7 @@ def collect(stream: Stream, interval_s: float, stop: asyncio.Event | None = None
     async def go():
         loop = asyncio.get_running_loop()
         started, batches = loop.time(), []
-        async for batch in batches_until_set(stop or asyncio.Event(), stream.events(), interval_s):
+        async for batch in batches_until_set(stop or asyncio.Event(), stream.events(), lambda: interval_s):
             batches.append((loop.time() - started, batch))
         return batches, stream.closed
 
@@ -48,7 +49,7 @@ def test_stop_ends_a_quiet_stream_and_closes_it():
         seen = []
 
         async def consume():
-            async for batch in batches_until_set(stop, stream.events(), 0.05):
+            async for batch in batches_until_set(stop, stream.events(), lambda: 0.05):
                 seen.extend(batch)
 
         consumer = asyncio.create_task(consume())
@@ -81,18 +82,28 @@ def test_what_came_before_a_stop_or_a_failure_still_goes_out_at_once():
     async def stop_while_a_batch_waits():
         stop, stream = asyncio.Event(), Stream(["a", "b"], then_quiet=True, gap_s=0.05)
         asyncio.get_running_loop().call_later(0.3, stop.set)  # "b" came at 0.05 s, due in the next batch at 60 s
-        return [batch async for batch in batches_until_set(stop, stream.events(), 60)], stream.closed
+        return [batch async for batch in batches_until_set(stop, stream.events(), lambda: 60)], stream.closed
 
     assert asyncio.run(asyncio.wait_for(stop_while_a_batch_waits(), 5)) == ([["a"], ["b"]], True)
 
     async def failing():
         got = []
         with pytest.raises(RuntimeError, match="connection lost"):
-            async for batch in batches_until_set(asyncio.Event(), Stream(["a", "b"], False, fail=RuntimeError("connection lost")).events(), 60):
+            async for batch in batches_until_set(asyncio.Event(), Stream(["a", "b"], False, fail=RuntimeError("connection lost")).events(), lambda: 60):
                 got.append(batch)
         return got
 
     assert asyncio.run(asyncio.wait_for(failing(), 5)) == [["a"], ["b"]]
+
+
+def test_a_long_answer_updates_the_page_less_often_as_it_grows():
+    short, long = AssistantTurn(), AssistantTurn()
+    short.add_reasoning("word " * 100)
+    long.add_reasoning("word " * 40_000)
+    long.update_cell({"index": 0, "code": "print(1)", "status": "ok", "stdout": "1\n"})
+    assert render_interval_s(short, RENDER_INTERVAL_S) == RENDER_INTERVAL_S
+    assert 0.4 < render_interval_s(long, RENDER_INTERVAL_S) < 0.6  # 200K characters
+    assert render_interval_s(long, 0) == 0  # every event, as asked
 
 
 def test_payload_carries_history_settings_and_the_stored_conversation():
