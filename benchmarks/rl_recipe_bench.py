@@ -10,8 +10,8 @@ Each arm is `rstar rl train cpu` on the default model (the tool-use SFT model) a
 Then each arm's last checkpoint is served by `rstar serve` and asked the held-out problems (phrasings no
 training data uses) at temperature 0 (`tool_use_bench.evaluate`). Reported per arm: held-out accuracy and
 tool-call rate, training time, and from the run's own step metrics the tool-error rate among kept positive
-traces (what RoC targets). Goals (issue 10): RoC's accuracy >= control's + 5 points; RoC's tool-error rate
-among kept positives below plain GRPO's; RoC's run <= 45 minutes.
+traces (what RoC targets). Goals: RoC's accuracy >= control's + 5 points; RoC's tool-error rate
+among kept positives no higher than plain GRPO's; RoC's run <= 45 minutes.
 
     python benchmarks/rl_recipe_bench.py [--quick] [--steps N] [--out FILE.json] [--arms roc,control,plain] [--evaluate-only]
 """

@@ -9,7 +9,7 @@ on the tool-use problems of `rstar rl make-sft-data` (the rollouts of one proble
 
 The policies take turns in rounds (the order rotates each round), each on the same workload, with the
 replicas' prefix caches reset and a fresh router before each run. Per policy, over all its rounds: trajectory
-latency p50/p95 and generated tokens per second. Goal (issue 14): KV-aware p95 <= 0.8x least-requests' at
+latency p50/p95 and generated tokens per second. Goal: KV-aware p95 <= 0.8x least-requests' at
 equal throughput.
 
     flock /tmp/rstar-engine.lock python benchmarks/router_bench.py [--quick] [--out FILE.json]

@@ -1,7 +1,7 @@
 """A discrete-event simulator of N engine replicas behind the real router (`rstar.server.routing.Router`).
 
-Why simulate: issue 14 asks what the routing policy does to an RL step at the paper's scale (512 prompts x 32
-rollouts on 8 to 64 GPUs), which this 2-core machine cannot run. The policies are not modelled here: every
+Why simulate: the question is what the routing policy does to an RL step at the paper's scale (512 prompts x 32
+rollouts on 8 to 64 GPUs), which a 2-core development machine cannot run. The policies are not modelled here: every
 routing decision is `Router.choose` on the replicas' state, followed by `Router.remember`, as server/replicas.py
 does.
 
@@ -567,7 +567,7 @@ def main() -> None:
         "workload_figures": describe(specs),
         "gpu": gpu_sections,
         "cpu_two_replicas": cpu_section,
-        "goals": [],  # the simulator predicts; issue 14's goal is measured live by router_bench.py
+        "goals": [],  # the simulator predicts; the routing goal is measured live by router_bench.py
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

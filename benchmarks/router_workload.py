@@ -148,7 +148,7 @@ def summarize(latencies_s: Sequence[float], generated_tokens: int, wall_s: float
 
 
 def goals(summaries: dict[str, dict]) -> list[dict]:
-    """Issue 14's goal: KV-aware p95 latency <= 0.8x least-requests' at equal throughput (reported beside it)."""
+    """The routing goal: KV-aware p95 latency <= 0.8x least-requests' at equal throughput (reported beside it)."""
     kv, lr = summaries["kv_aware"], summaries["least_requests"]
     return [
         goal("p95 trajectory latency kv_aware / least_requests", round(kv["latency_p95_s"] / lr["latency_p95_s"], 4), "<=", 0.8, "ratio"),

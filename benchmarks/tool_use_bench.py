@@ -9,7 +9,7 @@ completions endpoint, and scored on what came back:
 - accurate after a tool result: accurate, and at least one cell ran before the answer.
 
 Default models: `smollm2-135m-instruct` (the untuned base) and `default` (the base with the shipped tool-use
-delta); pass `--models` to add RL checkpoints (directories). Goals (issue 10, for `default`): tool call in
+delta); pass `--models` to add RL checkpoints (directories). Goals (for `default`): tool call in
 >= 95% of answers, accuracy >= 80%.
 
     python benchmarks/tool_use_bench.py [--quick] [--out FILE.json] [--models a,b,DIR] [--heldout FILE]

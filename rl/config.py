@@ -1,9 +1,8 @@
 """Every knob of GRPO-RoC training, with rStar2-Agent's values as defaults.
 
 Defaults are the released run script's (microsoft/rStar @ ecbfb94, `examples/run_qwen3-14b_rstar2_agent_weave.sh`
-on verl's defaults); where the paper (arXiv 2508.20722) differs, its value is given in brackets. Sources are
-collected in `../shared/reference/rstar.md` §1-3 and `rl.md` §8. Recipes (`rl/recipes/*.toml`) override these
-per run and per stage; unknown keys are refused by name.
+on verl's defaults); where the paper (arXiv 2508.20722) differs, its value is given in brackets. Recipes
+(`rl/recipes/*.toml`) override these per run and per stage; unknown keys are refused by name.
 
 Not knobs, because the release has none of them: a KL term (`use_kl_loss=False`, no reference model), an
 entropy bonus (`entropy_coeff=0`), overlong filtering (truncated traces score 0 like any wrong answer),

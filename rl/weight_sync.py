@@ -1,13 +1,13 @@
 """Weight sync: after each update the rollout engine serves the trainer's new weights, verified.
 
 On vLLM CPU, `load_weights` after start-up fails (its kernels repack parameters); the worker's
-`reload_weights(weights_path=...)` works (measured, `../shared/reference/rl.md` §6). So the trainer writes
+`reload_weights(weights_path=...)` works. So the trainer writes
 one safetensors file into shared memory (`/dev/shm`, no disk) and the engine reloads from it in place,
 bumps its weight version and drops its prefix cache (`VllmEngine.reload_weights`).
 
 A probe then compares the engine's logprobs of a fixed token sequence with the trainer's: a reload that
 silently kept stale weights, or loaded them wrong, shows as a gap far above the dtype noise, and the run
-stops loudly (users of other frameworks lost runs to exactly this: rl.md §5).
+stops loudly: a run that trains on against stale weights is lost without anyone seeing why.
 
 The file stays for the run's life (a restarted engine replica loads the latest weights from it) and goes when
 the run ends. A run killed outright (the OOM killer, SIGKILL) cannot remove it, and memory in /dev/shm stays

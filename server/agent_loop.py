@@ -333,16 +333,3 @@ def prior_jupyter_cells(messages: Sequence[Mapping]) -> list[str]:
                     cells.append(cell.code)
     return cells
 
-
-def trajectory_messages(template: ChatTemplate, messages: Sequence[Mapping], trajectory: Trajectory) -> list[dict]:
-    """The conversation a trajectory is, as chat messages: the prompt's, then each sampled turn as an
-    assistant message (the forced generation prefix + its text, special tokens kept) and each tool turn's
-    responses as tool messages. The template renders these to the trajectory's exact text."""
-    conversation = [dict(message) for message in messages]
-    closing = template.turn_end.rstrip()
-    for number, turn in enumerate(trajectory.turns):
-        text = template.tokenizer.decode(trajectory.response_ids[turn.start : turn.end], skip_special_tokens=False)
-        text = text[: -len(closing)] if closing and text.endswith(closing) else text
-        conversation.append({"role": "assistant", "content": template.generation_prefix + text})
-        conversation += [{"role": "tool", "content": call.response} for call in trajectory.tool_calls if call.turn == number and call.response is not None]
-    return conversation

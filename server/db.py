@@ -205,13 +205,6 @@ def _alembic_config():
     return config
 
 
-def head_revisions() -> set[str]:
-    """The revisions a fully migrated database is at."""
-    from alembic.script import ScriptDirectory
-
-    return set(ScriptDirectory.from_config(_alembic_config()).get_heads())
-
-
 def upgrade(engine: Engine, revision: str = "heads") -> None:
     """Bring the schema to `revision` with Alembic, on this engine's connection."""
     from alembic import command

@@ -5,14 +5,13 @@ choice is a pure function of facts read at start-up (accelerator, CPU flags and 
 for this model and configuration exists), every `auto` can be overridden, and `describe` puts all of them,
 with their reasons, on the one line `rstar serve` logs.
 
-Eager vs compiled, measured (issue 11; 2-core Intel Xeon without AVX512_BF16, SmolLM2-135M, 64-token answers):
-compiled with both cores bound generated 1.20-1.68x the tokens/s of `vllm serve`'s defaults at concurrency
-1-32, while eager fell behind them; the price is start-up, 276 s compiled vs 95 s eager. vLLM's CPU backend
-compiles one graph for a dynamic batch shape (torch.compile with inductor's C++ kernels, no CUDA graphs), and
-keeps the result under VLLM_CACHE_ROOT, so `auto` compiles and points that root into our cache dir, one per
-model and configuration: the second start loads the compiled model instead of compiling again. No warm-up
-shapes to trim on CPU: vLLM compiles one graph for a dynamic batch size and captures no CUDA graphs; on GPUs
-the captured batch sizes are capped at max_num_seqs, which no decode step exceeds.
+Eager vs compiled: where the CPU vectorizes, compiled generation outruns both eager and `vllm serve`'s
+defaults at every concurrency, for a longer first start (benchmarks/README.md has the figures). vLLM's CPU
+backend compiles one graph for a dynamic batch shape (torch.compile with inductor's C++ kernels, no CUDA
+graphs), and keeps the result under VLLM_CACHE_ROOT, so `auto` compiles and points that root into our cache
+dir, one per model and configuration: the second start loads the compiled model instead of compiling again.
+No warm-up shapes to trim on CPU, since no CUDA graphs are captured; on GPUs the captured batch sizes are
+capped at max_num_seqs, which no decode step exceeds.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ from typing import Any
 
 from rstar.hardware import CpuInfo, fast_dtype_for
 
-# vLLM's own CPU binding keeps one core for its front end. On a machine this small that core is a large share:
-# on 2 cores, binding both generated 1.7x faster (measured, DESIGN.md), sandbox calls and all.
+# vLLM's own CPU binding keeps one core for its front end. On a machine this small that core is a large share
+# of the compute, so every core is bound, sandbox calls sharing them (the gain: benchmarks/README.md).
 SMALL_CPU_CORES = 4
 # Inductor's CPU kernels are vectorized C++; without one of these the compiled graph has little to win.
 VECTOR_FLAGS = ("avx512f", "avx2", "asimd")
@@ -137,8 +136,8 @@ def engine_environment(defaults: EngineDefaults, accelerator_kind: str, cpu_kv_c
         variables["VLLM_CACHE_ROOT"] = str(defaults.compile_cache)
         if accelerator_kind == "cpu":
             # vLLM 0.32's CPU backend saves an AOT-compiled model it then fails to load ("'function' object has no
-            # attribute 'finalize_loading'", measured), so every start compiled again; without AOT, inductor's own
-            # cache serves the second start (its warm-up took 11 s instead of 56 s, measured here).
+            # attribute 'finalize_loading'"), so every start would compile again; without AOT, inductor's own
+            # cache serves the second start.
             variables["VLLM_USE_AOT_COMPILE"] = environ.get("VLLM_USE_AOT_COMPILE", "0")
             variables["TORCHINDUCTOR_CACHE_DIR"] = str(defaults.compile_cache / INDUCTOR_CACHE)
     return variables

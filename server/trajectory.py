@@ -104,8 +104,7 @@ class Trajectory:
     stop_reason: StopReason | None = None
     weight_version: int = 0  # the engine's at the first turn; per-turn versions are in `turns`
     model: str = ""
-    # The tool protocol that produced it (tool_results.ToolProtocol): 'released' or 'improved'. Stored
-    # trajectories from before it was recorded load as 'improved', the only protocol there was then.
+    # The tool protocol that produced it: 'released' or 'improved' (rstar.sandbox.tools.ToolProtocol).
     tool_protocol: str = "improved"
 
     @property
@@ -145,10 +144,3 @@ class Trajectory:
             # rstar says which protocol built the tool turns; another server runs no tools and says nothing.
             tool_protocol=data.get("tool_protocol"),
         )
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Trajectory":
-        data = dict(data)
-        data["turns"] = [Turn(**turn) for turn in data.get("turns", [])]
-        data["tool_calls"] = [ToolCallRecord(**call) for call in data.get("tool_calls", [])]
-        return cls(**data)

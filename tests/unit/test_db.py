@@ -1,10 +1,11 @@
 """Schema migrations and the models on a real SQLite file (PostgreSQL in test_db_postgres)."""
 
 import pytest
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from rstar.server.db import Conversation, EvalRun, EvalSample, Message, current_revision, downgrade, head_revisions, make_engine, open_database, upgrade
+from rstar.server.db import MIGRATIONS_DIR, Conversation, EvalRun, EvalSample, Message, current_revision, downgrade, make_engine, open_database, upgrade
 
 
 def test_migrations_create_every_table_and_are_idempotent(tmp_path):
@@ -13,7 +14,7 @@ def test_migrations_create_every_table_and_are_idempotent(tmp_path):
     open_database(url)  # a second start applies nothing and breaks nothing
     engine = make_engine(url)
     assert set(inspect(engine).get_table_names()) >= {"alembic_version", "conversations", "messages", "eval_runs", "eval_samples"}
-    assert {current_revision(engine)} == head_revisions()
+    assert {current_revision(engine)} == set(ScriptDirectory(str(MIGRATIONS_DIR)).get_heads())
 
 
 def test_downgrade_and_upgrade_again(tmp_path):

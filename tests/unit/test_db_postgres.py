@@ -11,10 +11,22 @@ import subprocess
 import tempfile
 
 import pytest
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, select
 
 from rstar.sandbox.clients import LocalClient
-from rstar.server.db import Conversation, EvalRun, EvalSample, Message, StoredTrajectory, close_database, current_revision, head_revisions, make_engine, open_database
+from rstar.server.db import (
+    MIGRATIONS_DIR,
+    Conversation,
+    EvalRun,
+    EvalSample,
+    Message,
+    StoredTrajectory,
+    close_database,
+    current_revision,
+    make_engine,
+    open_database,
+)
 from tests.unit.api_server import QUESTION, TOOL_TURNS, make_server  # noqa: F401 (fixture)
 
 PORT = 54329
@@ -52,7 +64,7 @@ def test_migrations_and_round_trip_on_postgresql(postgres_url):
     open_database(postgres_url)  # idempotent on a second start
     engine = make_engine(postgres_url)
     assert engine.dialect.name == "postgresql"
-    assert {current_revision(engine)} == head_revisions()
+    assert {current_revision(engine)} == set(ScriptDirectory(str(MIGRATIONS_DIR)).get_heads())
     assert {"conversations", "messages", "eval_runs", "eval_samples"} <= set(inspect(engine).get_table_names())
     with sessions() as session:
         conversation = Conversation(model="m", title="pg")
