@@ -88,7 +88,8 @@ async def train_grpo(env: RolloutEnv, spec: RunSpec, problems: list[Problem], st
     """Run (or resume) a recipe to its end; returns the final status: finished or cancelled."""
     recipe = spec.recipe
     first = recipe.stage_config(0)
-    problems = fitting_problems(env, problems, first.max_prompt_tokens)
+    # Thousands of renders: off the event loop, which may be serving the API.
+    problems = await asyncio.to_thread(fitting_problems, env, problems, first.max_prompt_tokens)
     if not problems:
         raise ValueError(f"no problem in {spec.data} fits max_prompt_tokens={first.max_prompt_tokens}")
     store.begin(spec.run_id, "grpo", str(spec.model_dir), recipe.model_dump(), spec.data, str(spec.run_dir), recipe.total_steps)

@@ -119,7 +119,7 @@ def serve(
     import uvicorn
 
     from rstar.rl.api import mount_rl
-    from rstar.server.api import admin_key_guard, create_app, serve_refusal
+    from rstar.server.api import create_app, serve_refusal
     from rstar.server.engine import require_vllm
     from rstar.server.model_store import resolve_model
     from rstar.server.replicas import require_ray, start_engine, wants_replicas
@@ -161,8 +161,7 @@ def serve(
     # The UI talks to this same server over HTTP, as it would to a remote one; a wildcard bind is reached on loopback.
     loopback = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(settings.host, f"[{settings.host}]" if ":" in settings.host else settings.host)
     mount_ui(api, f"http://{loopback}:{settings.port}", settings.api_key)
-    if settings.enable_rl:
-        mount_rl(api, settings, admin_key_guard(settings))
+    mount_rl(api, settings)  # only with --enable-rl
     engines = f"{settings.engine.replicas} engine replicas (routing {settings.engine.routing})" if replicated else "the engine"
     console.print(f"starting {engines} on {resolved.path} (on CPU about a minute, a first compiled start several; the 'engine defaults' line says which); API at http://{settings.host}:{settings.port}/v1", highlight=False)
     console.print(f"UI at http://{settings.host}:{settings.port}{UI_PATH} once the engine is up", highlight=False, soft_wrap=True)

@@ -77,6 +77,9 @@ class ApiSettings(BaseModel):
         1800.0, description="Wall-clock limit of one request, tool turns included; a non-stream request then gets 504, a stream an error event."
     )
     retry_after_s: int = Field(2, description="Retry-After header sent with 429.")
+    rl_share: float = Field(
+        0.5, gt=0, le=1, description="Fraction of max_running_requests the rollouts of an RL run started over the API may hold at once."
+    )
     render_timeout_s: float = Field(
         5.0, gt=0, description="Time one request's prompt may take to render and tokenize (off the event loop); past it the request gets a 400."
     )

@@ -54,7 +54,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        param = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+        loc = list(first.get("loc", ()))
+        if loc and loc[0] in ("body", "query", "path"):  # named as the client wrote it: `messages.0.role`, `limit`
+            loc = loc[1:]
+        param = ".".join(map(str, loc)) or None
         return error_response(400, f"{param or 'request'}: {first['msg']}", param)
 
     @app.exception_handler(HTTPException)

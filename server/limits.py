@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -42,11 +42,18 @@ class Admission:
         self.waiting = 0
         self._room = asyncio.Condition()
 
-    async def acquire(self, slots: int) -> None:
+    async def acquire(self, slots: int, patient: bool = False) -> None:
+        """Take `slots`, waiting for room up to wait_timeout_s (then 429). `patient`: the server's own work (RL
+        rollouts), which waits as long as it takes, behind every waiting request, and is not counted against
+        max_waiting, so it never turns an API client away."""
         if slots > self.max_running:
             raise APIError(400, f"n={slots} exceeds the {self.max_running} generations this server runs at once", "n")
         async with self._room:
             if self.running + slots <= self.max_running and not self.waiting:
+                self.running += slots
+                return
+            if patient:
+                await self._room.wait_for(lambda: self.running + slots <= self.max_running and not self.waiting)
                 self.running += slots
                 return
             if self.waiting >= self.max_waiting:
@@ -66,12 +73,30 @@ class Admission:
             self._room.notify_all()
 
     @contextlib.asynccontextmanager
-    async def slots(self, count: int):
-        await self.acquire(count)
+    async def slots(self, count: int, patient: bool = False):
+        await self.acquire(count, patient)
         try:
             yield
         finally:
             await self.release(count)
+
+
+class AdmittedGenerations:
+    """An engine whose generations take admission slots as API requests do, for work the server starts itself
+    (RL rollouts): at most `share` generations at once, each waiting patiently for its slot, so API clients
+    keep the rest of the running slots and go first when both wait. Everything else is the engine's."""
+
+    def __init__(self, engine: Any, admission: Admission, share: int):
+        self._engine, self._admission, self._share = engine, admission, asyncio.Semaphore(share)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(self, prompt_ids, options, request_id=None) -> AsyncIterator:
+        async with self._share, self._admission.slots(1, patient=True):
+            async with contextlib.aclosing(self._engine.generate(prompt_ids, options, request_id)) as deltas:
+                async for delta in deltas:
+                    yield delta
 
 
 class AdmittedStream:

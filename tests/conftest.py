@@ -115,19 +115,19 @@ def live_server(engine, loop_thread, tmp_path_factory):
     import uvicorn
 
     from rstar.rl.api import mount_rl
-    from rstar.server.api import api_key_guard, create_app
+    from rstar.server.api import create_app
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    settings = load_settings(data_dir=tmp_path_factory.mktemp("server-data"), port=port)
+    settings = load_settings(data_dir=tmp_path_factory.mktemp("server-data"), port=port, enable_rl=True)
 
     async def shared_engine():
         return engine
 
     app = create_app(settings, shared_engine, engine.model_name)
-    mount_rl(app, settings, api_key_guard(settings))  # as `rstar serve` does
+    mount_rl(app, settings)  # as `rstar serve --enable-rl` does
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     serving = asyncio.run_coroutine_threadsafe(server.serve(sockets=[sock]), loop_thread.loop)
     deadline = time.time() + 60

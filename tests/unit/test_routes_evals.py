@@ -119,9 +119,9 @@ def test_the_app_reaches_its_database_through_one_engine(tmp_path, default_token
     opened = []
     make_engine = db.make_engine
     monkeypatch.setattr(db, "make_engine", lambda url: opened.append(url) or make_engine(url))
-    settings = load_settings(data_dir=tmp_path)
+    settings = load_settings(data_dir=tmp_path, enable_rl=True)
     app = _scripted_app(settings, default_tokenizer)
-    mount_rl(app, settings, [])  # as `rstar serve --enable-rl` does
+    mount_rl(app, settings)  # as `rstar serve --enable-rl` does
     with TestClient(app, base_url="http://localhost") as client:
         assert client.post("/v1/chat/completions", json={"model": "scripted", "messages": [{"role": "user", "content": "keep me"}]}).status_code == 200
         assert [c["title"] for c in client.get("/v1/conversations").json()["data"]] == ["keep me"]
