@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +57,73 @@ def test_prune_keeps_the_newest(tmp_path):
 def test_a_pointer_to_a_missing_checkpoint_is_no_checkpoint(tmp_path):
     (tmp_path / "latest").write_text("checkpoint-7")
     assert latest_checkpoint(tmp_path) is None
+
+
+@pytest.mark.parametrize("pointer", ["../elsewhere", "/tmp", "checkpoint-1/../../elsewhere", "checkpoint-x", "elsewhere"])
+def test_latest_must_name_a_checkpoint_of_the_run(tmp_path, pointer):
+    run_dir = tmp_path / "run"
+    write_checkpoint(run_dir, TrainerState(1, 8, IDENTITY), write_model, {})
+    planted = tmp_path / "elsewhere"
+    planted.mkdir()
+    (planted / "trainer_state.json").write_text("{}")
+    (run_dir / "latest").write_text(pointer)
+    assert latest_checkpoint(run_dir) is None
+
+
+def test_optimizer_state_loads_as_data_never_as_code(tmp_path):
+    import torch
+
+    class Planted:
+        def __reduce__(self):
+            return (print, ("pickled code ran",))
+
+    path = write_checkpoint(tmp_path, TrainerState(1, 8, IDENTITY), write_model, {})
+    torch.save({"optimizer": Planted()}, path / "optimizer.pt")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        read_optimizer_state(path)
+
+
+def test_a_real_optimizer_and_scheduler_state_round_trips(tmp_path):
+    import torch
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 10))
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    saved = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    loaded = read_optimizer_state(write_checkpoint(tmp_path, TrainerState(1, 8, IDENTITY), write_model, saved))
+    assert torch.equal(loaded["optimizer"]["state"][0]["exp_avg"], saved["optimizer"]["state"][0]["exp_avg"])
+    assert loaded["scheduler"]["last_epoch"] == 1
+
+
+def test_files_and_directories_are_flushed_before_latest_moves(tmp_path, monkeypatch):
+    import rstar.rl.checkpoint as checkpoint
+
+    events = []
+    fsync, replace = checkpoint._fsync, checkpoint.os.replace
+    monkeypatch.setattr(checkpoint, "_fsync", lambda path: events.append(("fsync", path.name)) or fsync(path))
+    monkeypatch.setattr(checkpoint.os, "replace", lambda a, b: events.append(("replace", Path(b).name)) or replace(a, b))
+    write_checkpoint(tmp_path, TrainerState(1, 8, IDENTITY), write_model, {})
+    synced_before_rename = {name for kind, name in events[: events.index(("replace", "checkpoint-1"))] if kind == "fsync"}
+    assert {"model.safetensors", "optimizer.pt", "trainer_state.json"} <= synced_before_rename
+    assert events.index(("fsync", tmp_path.name)) < events.index(("replace", "latest"))
+
+
+def test_a_replaced_checkpoint_is_moved_aside_until_the_new_one_is_in_place(tmp_path, monkeypatch):
+    import rstar.rl.checkpoint as checkpoint
+
+    write_checkpoint(tmp_path, TrainerState(1, 8, IDENTITY), write_model, {})
+    replace = checkpoint.os.replace
+
+    def power_cut(source, target):
+        if Path(target).name == "checkpoint-1" and ".partial-" in Path(source).name:
+            raise OSError(errno.EIO, "Input/output error")
+        return replace(source, target)
+
+    monkeypatch.setattr(checkpoint.os, "replace", power_cut)
+    with pytest.raises(CheckpointError):
+        write_checkpoint(tmp_path, TrainerState(1, 9, IDENTITY), write_model, {})
+    assert read_state(latest_checkpoint(tmp_path), IDENTITY).data_cursor == 8  # the old one, back in place
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1", "latest"]
