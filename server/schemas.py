@@ -7,6 +7,7 @@ ignored rather than rejected, as OpenAI and vLLM do, so newer clients keep worki
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Any, Literal
@@ -14,11 +15,41 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from rstar.sandbox.tools import ToolProtocol
+from rstar.server.engine import SamplingOptions
 from rstar.server.trajectory import ToolCallRecord
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+class SamplingFields(_Request):
+    """The sampling fields every generating endpoint takes, and their one conversion into the engine's options
+    (as vLLM's requests have `to_sampling_params`)."""
+
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1, description="vLLM extension; 0 or -1 = off")
+    seed: int | None = None
+
+    def sampling_options(self, max_tokens: int) -> SamplingOptions:
+        """What one generation of this request samples, at most `max_tokens` tokens."""
+        return SamplingOptions(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), seed=self.seed)
+
+
+class StopFields(SamplingFields):
+    """The sampling fields of the endpoints that also take stop strings (chat and completions)."""
+
+    stop: str | list[str] | None = None
+
+    @property
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def sampling_options(self, max_tokens: int) -> SamplingOptions:
+        return dataclasses.replace(super().sampling_options(max_tokens), stop=self.stop_list)
 
 
 class StreamOptions(BaseModel):
@@ -115,18 +146,13 @@ class ChatPrompt(AgentOptions):
         return self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
 
 
-class ChatCompletionRequest(ChatPrompt):
+class ChatCompletionRequest(ChatPrompt, StopFields):
     model: str
     parallel_tool_calls: bool | None = None
     conversation_id: str | None = Field(None, description="Store this exchange into that existing conversation (its messages are replaced).")
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=16)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1, description="vLLM extension; 0 or -1 = off")
-    seed: int | None = None
-    stop: str | list[str] | None = None
     max_tokens: int | None = Field(None, ge=1, description="Deprecated by OpenAI in favour of max_completion_tokens; both accepted.")
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -147,12 +173,6 @@ class ChatCompletionRequest(ChatPrompt):
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
-
-    @property
-    def stop_list(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
 def new_id(prefix: str) -> str:
@@ -339,7 +359,7 @@ class ErrorResponse(BaseModel):
 # -- /v1/completions, /tokenize, /detokenize -------------------------------------------------------------
 
 
-class CompletionRequest(_Request):
+class CompletionRequest(StopFields):
     """Plain generation from a text or token-id prompt; no chat template, no tool loop (rStar2-Agent's own
     client drives this endpoint with token ids and loops itself)."""
 
@@ -349,11 +369,6 @@ class CompletionRequest(_Request):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=16)
     max_tokens: int | None = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     logprobs: int | None = Field(None, ge=0, le=20, description="Logprobs of the sampled token plus this many top alternatives.")
     skip_special_tokens: bool = True
@@ -362,11 +377,15 @@ class CompletionRequest(_Request):
     return_token_ids: bool = False
     user: str | None = None
 
-    @property
-    def stop_list(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+    def sampling_options(self, max_tokens: int) -> SamplingOptions:
+        return dataclasses.replace(
+            super().sampling_options(max_tokens),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            logprobs=self.logprobs,
+            ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+        )
 
 
 class CompletionLogprobs(BaseModel):

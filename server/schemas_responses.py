@@ -7,11 +7,11 @@ ignored as elsewhere.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rstar.server.schemas import AgentOptions, NamedToolChoice
+from rstar.server.schemas import AgentOptions, NamedToolChoice, SamplingFields
 
 
 class InputText(BaseModel):
@@ -67,21 +67,25 @@ class CodeInterpreterTool(BaseModel):
     container: Any = None
 
 
-class ResponsesRequest(AgentOptions):
+class ResponsesRequest(AgentOptions, SamplingFields):
     model: str
     input: str | list[InputMessage | FunctionCallItem | FunctionCallOutputItem]
     instructions: str | None = None
     tools: list[CodeInterpreterTool | FunctionTool] = Field(default_factory=list)
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | dict[str, Any] | None = None
     max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1)
-    seed: int | None = None
     stream: bool = False
     store: bool | None = None
     parallel_tool_calls: bool | None = None
     metadata: dict[str, str] | None = None
+    # What a chat completion may ask for and a response does not: one answer, no logprobs.
+    n: ClassVar[int] = 1
+    logprobs: ClassVar[bool] = False
+    top_logprobs: ClassVar[int | None] = None
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_output_tokens
 
     @model_validator(mode="after")
     def _named_choice_is_offered(self):

@@ -13,18 +13,23 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstar.sandbox.tools import BUILTIN_TOOLS, PYTHON_TOOL, ToolProtocol
+from rstar.sandbox.tools import BUILTIN_TOOLS, PYTHON_TOOL
 from rstar.server.agent_loop import Done, LoopConfig, LoopEvent, TokensSampled, ToolExecutionStarted, ToolResult, TurnStarted, run_agent
 from rstar.server.builtin_tools import SandboxExecutor, builtin_tool_schemas
 from rstar.server.chat_template import ChatTemplate, RenderTimeout, content_text
 from rstar.server.engine import SamplingOptions
 from rstar.server.errors import APIError
 from rstar.server.metrics import SANDBOX_FAILURES, ServerMetrics
-from rstar.server.schemas import CodeCell
+from rstar.server.schemas import ChatCompletionRequest, CodeCell
+from rstar.server.schemas_responses import ResponsesRequest
 from rstar.server.serving_base import ServingBase, merge, per_choice, render_timeout_error
 from rstar.server.tool_calls import CALL_CLOSE, CALL_OPEN, TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
 from rstar.server.tool_results import protocol_max_tool_response_chars
 from rstar.server.trajectory import ToolCallRecord, Trajectory, openai_finish_reason
+
+
+# The requests the agent loop answers; both say how they sample (`sampling_options`) and what they ask of the loop.
+AgentRequest = ChatCompletionRequest | ResponsesRequest
 
 
 @dataclass(frozen=True)
@@ -52,25 +57,6 @@ class AgentPlan:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt.ids)
-
-
-@dataclass(frozen=True)
-class AgentSamplingOptions:
-    """What a chat completion or a response asks of its sampling and of the agent loop, before the
-    server's limits and the context window are applied (`AgentServing.plan`)."""
-
-    n: int = 1
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    logprobs: bool = False
-    top_logprobs: int = 0
-    max_turns: int | None = None
-    tool_timeout: float | None = None
-    tool_protocol: ToolProtocol | None = None  # None: the server's choice
 
 
 def forced_call_prefix(tool_choice: Any) -> str | None:
@@ -125,20 +111,20 @@ class AgentServing(ServingBase):
         client_names = frozenset(tool["function"]["name"] for tool in offered)
         return Prompt(template, messages, tools, client_names, builtin_tools, continue_final_message, ids)
 
-    def plan(self, prompt: Prompt, options: AgentSamplingOptions) -> AgentPlan:
+    def plan(self, prompt: Prompt, request: AgentRequest) -> AgentPlan:
         """Validate a request against the server's limits and the context window (APIError 400 when it does
-        not fit)."""
+        not fit); each choice samples as the request says, within the room the prompt leaves."""
         serving = self.serving
         settings = serving.settings.api
-        max_turns = options.max_turns or settings.max_turns
+        max_turns = request.max_turns or settings.max_turns
         if max_turns > settings.max_turns_limit:
             raise APIError(400, f"max_turns may be at most {settings.max_turns_limit}", "max_turns")
-        room = self.context_room(len(prompt.ids), options.max_tokens)
-        protocol = options.tool_protocol or serving.tool_protocol
+        room = self.context_room(len(prompt.ids), request.token_limit)
+        protocol = request.tool_protocol or serving.tool_protocol
         cut = settings.max_tool_response_chars
         config = LoopConfig(
             max_turns=max_turns,
-            max_response_tokens=options.max_tokens,
+            max_response_tokens=request.token_limit,
             # One built-in call per turn under both protocols, as released (verl's max_parallel_calls=1); the
             # released loop had no client tools, so clients may get parallel calls of their own tools.
             max_parallel_calls=16 if prompt.client_tools else 1,
@@ -149,12 +135,11 @@ class AgentServing(ServingBase):
             token_events=True,
             # Logprobs cost the engine a log-softmax per step and its frontend Python objects per token, so
             # they are computed only when asked for; stored trajectories then carry logprobs null.
-            logprobs=options.logprobs,
-            top_logprobs=options.top_logprobs if options.logprobs else 0,
+            logprobs=request.logprobs,
+            top_logprobs=(request.top_logprobs or 0) if request.logprobs else 0,
         )
-        sampling = SamplingOptions(max_tokens=room, temperature=options.temperature, top_p=options.top_p, top_k=max(options.top_k, 0), seed=options.seed, stop=options.stop)
-        executor = SandboxExecutor(serving.sandbox, options.tool_timeout)
-        return AgentPlan(prompt, config, per_choice(sampling, options.n), executor)
+        executor = SandboxExecutor(serving.sandbox, request.tool_timeout)
+        return AgentPlan(prompt, config, per_choice(request.sampling_options(room), request.n), executor)
 
     async def run_choices(self, plan: AgentPlan, request_id: str, received_at: float) -> AsyncIterator[tuple[Answer, list[Any]]]:
         """Run every choice's loop concurrently, yielding (answer, stream pieces) as events arrive, until the

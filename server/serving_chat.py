@@ -38,7 +38,7 @@ from rstar.server.schemas import (
     new_id,
     weights_fingerprint,
 )
-from rstar.server.serving_agent import AgentPlan, AgentSamplingOptions, AgentServing, Answer, Prompt
+from rstar.server.serving_agent import AgentPlan, AgentServing, Answer, Prompt
 from rstar.server.serving_base import SSE_DONE, request_messages, sse
 from rstar.server.tool_calls import TextDelta, ToolCallArgumentsDelta, ToolCallStarted
 
@@ -52,21 +52,7 @@ class ChatService(AgentServing):
         store = serving.store
         if request.conversation_id is not None and store is not None and not await asyncio.to_thread(store.exists, request.conversation_id):
             raise APIError(404, f"No conversation with id {request.conversation_id!r}.", "conversation_id", "conversation_not_found")
-        options = AgentSamplingOptions(
-            n=request.n,
-            max_tokens=request.token_limit,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_k=request.top_k,
-            seed=request.seed,
-            stop=request.stop_list,
-            logprobs=request.logprobs,
-            top_logprobs=request.top_logprobs or 0,
-            max_turns=request.max_turns,
-            tool_timeout=request.tool_timeout,
-            tool_protocol=request.tool_protocol,
-        )
-        return self.plan(await self.chat_prompt(request), options)
+        return self.plan(await self.chat_prompt(request), request)
 
     async def chat_prompt(self, request: ChatPrompt) -> Prompt:
         return await self.prompt(

@@ -46,20 +46,7 @@ class CompletionService(ServingBase):
             except RenderTimeout:
                 raise render_timeout_error("prompt") from None
         room = self.context_room(len(prompt_ids), request.max_tokens)
-        options = SamplingOptions(
-            max_tokens=request.max_tokens or room,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_k=max(request.top_k, 0),
-            seed=request.seed,
-            stop=request.stop_list,
-            stop_token_ids=tuple(request.stop_token_ids or ()),
-            logprobs=request.logprobs,
-            ignore_eos=request.ignore_eos,
-            include_stop_str_in_output=request.include_stop_str_in_output,
-            skip_special_tokens=request.skip_special_tokens,
-        )
-        return prompt_ids, per_choice(options, request.n)
+        return prompt_ids, per_choice(request.sampling_options(request.max_tokens or room), request.n)
 
     def _generations(self, prompt_ids: list[int], options: list[SamplingOptions], request_id: str, choices: list[_Choice]) -> AsyncIterator[tuple[int, TokenDelta]]:
         """Every choice's generation, merged, until the request's deadline."""

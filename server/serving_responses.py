@@ -21,7 +21,7 @@ from rstar.server.errors import APIError
 from rstar.server.limits import AdmittedStream
 from rstar.server.schemas import CodeCell
 from rstar.server.schemas_responses import FunctionTool, ResponsesRequest
-from rstar.server.serving_agent import AgentPlan, AgentSamplingOptions, AgentServing, Answer
+from rstar.server.serving_agent import AgentPlan, AgentServing, Answer
 from rstar.server.serving_base import sse
 from rstar.server.tool_calls import TextDelta, ToolCallArgumentsDelta, ToolCallStarted
 
@@ -199,16 +199,6 @@ class _ResponseBuilder:
 class ResponsesService(AgentServing):
     async def plan_request(self, request: ResponsesRequest) -> AgentPlan:
         self.serving.check_model(request.model)
-        options = AgentSamplingOptions(
-            max_tokens=request.max_output_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_k=request.top_k,
-            seed=request.seed,
-            max_turns=request.max_turns,
-            tool_timeout=request.tool_timeout,
-            tool_protocol=request.tool_protocol,
-        )
         functions = [
             {"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)} for tool in request.tools if isinstance(tool, FunctionTool)
         ]
@@ -216,7 +206,7 @@ class ResponsesService(AgentServing):
         # The built-in tool is OpenAI's code_interpreter here: offered when the request lists it.
         builtin = request.code_interpreter and request.builtin_tools
         prompt = await self.prompt(request.chat_messages(), functions, choice, builtin, request.chat_template, request.chat_template_kwargs)
-        return self.plan(prompt, options)
+        return self.plan(prompt, request)
 
     async def _events(self, request: ResponsesRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[dict]:
         response_id = _item_id("resp")

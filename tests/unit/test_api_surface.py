@@ -198,6 +198,23 @@ def test_tokenize_renders_the_prompt_a_chat_request_with_the_same_body_sends(mak
     assert refused.status_code == 400 and "unique" in refused.json()["error"]["message"]
 
 
+def test_each_endpoint_hands_its_sampling_fields_to_the_engine(make_server):
+    _, http, engine, _ = make_server()
+    knobs = {"temperature": 0.6, "top_p": 0.9, "top_k": -1, "seed": 5}
+    assert http.post("/v1/chat/completions", json={"model": "scripted", "messages": QUESTION, "n": 2, "stop": "END", **knobs}).status_code == 200
+    assert http.post("/v1/responses", json={"model": "scripted", "input": "hi", **knobs, "top_k": 3}).status_code == 200
+    completion = {"model": "scripted", "prompt": "hi", "max_tokens": 4, "stop": ["a", "b"], "stop_token_ids": [7], "logprobs": 2, "ignore_eos": True}
+    assert http.post("/v1/completions", json=completion | knobs).status_code == 200
+    seen = [(o.temperature, o.top_p, o.top_k, o.seed, o.stop, o.logprobs, o.ignore_eos) for o in engine.sampling]
+    assert seen == [
+        (0.6, 0.9, 0, 5, ("END",), None, False),  # choice 0; a top_k of -1 is off, as 0 is
+        (0.6, 0.9, 0, 6, ("END",), None, False),  # choice 1 samples with seed + 1
+        (0.6, 0.9, 3, 5, (), None, False),
+        (0.6, 0.9, 0, 5, ("a", "b"), 2, True),
+    ]
+    assert (engine.sampling[-1].max_tokens, engine.sampling[-1].stop_token_ids) == (4, (7,))
+
+
 def test_token_ids_outside_the_vocabulary_are_the_clients_error(make_server):
     _, http, engine, _ = make_server()
     vocabulary = len(engine.tokenizer)
