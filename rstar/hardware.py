@@ -1,8 +1,7 @@
 """What this machine can compute fast, read once: CPU model and flags, and whether bf16 is native.
 
-Machines of one kind differ: an AMD Zen 4/5 with AVX512_BF16 runs bf16 matmuls at several times fp32's speed
-(measured here: SmolLM2-135M forward+backward 387 tok/s in bf16 autocast vs 135 in fp32, 2 threads), while
-an Intel Xeon with AVX-512 but without AVX512_BF16 emulates bf16 and runs it about 3x *slower* than fp32.
+Machines of one kind differ: an AMD Zen 4/5 with AVX512_BF16 runs bf16 matmuls at several times fp32's speed,
+while an Intel Xeon with AVX-512 but without AVX512_BF16 emulates bf16 and runs it several times *slower* than fp32.
 Defaults that depend on this (the trainer's compute dtype, the engine's dtype) are chosen from these facts,
 never from what was fastest on one machine, and every benchmark records them.
 """
