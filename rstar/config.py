@@ -150,7 +150,8 @@ class Settings(BaseSettings):
         return self.cache_dir / "models"
 
 
-SECRET_FIELDS = ("api_key", "admin_key")
+# Settings never printed: by their dotted path.
+SECRET_FIELDS = ("api_key", "admin_key", "sandbox.token")
 
 
 def mask_url(url: str) -> str:
@@ -166,11 +167,13 @@ def mask_url(url: str) -> str:
 def masked(settings: Settings) -> dict:
     """The settings as JSON data with every secret masked: the keys, the sandbox token and the database password."""
     data = settings.model_dump(mode="json")
-    for name in SECRET_FIELDS:
-        if data.get(name):
-            data[name] = "***"
-    if data["sandbox"].get("token"):
-        data["sandbox"]["token"] = "***"
+    for path in SECRET_FIELDS:
+        *sections, name = path.split(".")
+        holder = data
+        for section in sections:
+            holder = holder[section]
+        if holder.get(name):
+            holder[name] = "***"
     if data.get("database_url"):
         data["database_url"] = mask_url(data["database_url"])
     return data

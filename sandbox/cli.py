@@ -27,6 +27,7 @@ def serve(
     import uvicorn
 
     from rstar.config import load_settings
+    from rstar.network import is_loopback
 
     from .launch import IsolationError, detect_host, plan
     from .service import create_app
@@ -38,6 +39,10 @@ def serve(
     if unsafe_no_isolation:
         overrides["unsafe_no_isolation"] = True
     sandbox = settings.sandbox.model_copy(update=overrides)
+    if sandbox.token is None and not is_loopback(sandbox.host):
+        typer.echo(f"rstar sandbox: refusing to serve on {sandbox.host} without a token: anyone who reaches it could run code. "
+                   "Set RSTAR_SANDBOX__TOKEN (the API server sends the same), or listen on 127.0.0.1.", err=True)
+        raise typer.Exit(2)
     try:
         plan(sandbox, detect_host(sandbox))  # refuse before binding the port; the pool re-checks inside a cell
     except IsolationError as exc:

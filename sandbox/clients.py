@@ -74,9 +74,10 @@ class HttpClient(_Context):
     Cancelling a call (its task) closes its connection, since httpx does not reuse a connection whose
     response was left unread; the service takes the disconnect as the order to kill the cell."""
 
-    def __init__(self, url: str, timeout_s: float = 3600.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 3600.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
+        headers = {"authorization": f"Bearer {token}"} if token else None
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, headers=headers)
 
     async def start(self) -> "HttpClient":
         return self
@@ -121,7 +122,7 @@ def connect(settings: SandboxSettings | None = None, *, url: str | None = None, 
     """The client for a deployment: HTTP when given a URL, Ray when asked, else an in-process pool."""
     settings = settings or SandboxSettings()
     if url:
-        return HttpClient(url)
+        return HttpClient(url, token=settings.token)
     if ray:
         from .ray_pool import RayPool
 

@@ -5,11 +5,18 @@ rStar2-Agent's code-judge (`solution`, `type`; batches as `{"type": "batch", "su
 rStar2-Agent's verl tools and scripts can point here unchanged. `/run/long-batch` is code-judge's batch
 with a long queue wait. Bad input of any kind gets a result with status `invalid_input` (HTTP 400 only when
 the body is not JSON at all); nothing a client sends can take the service down.
+
+What a caller is allowed: with `token` set, every route but /health needs `Authorization: Bearer <token>`.
+Bodies must be `application/json` (a cross-site form or `text/plain` POST runs nothing) and are cut off at
+MAX_BODY_BYTES while they are read; a batch holds at most `max_batch` requests. Session ids are scoped to
+their creator (its address and credential), so no other client can run in a session or close it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import uuid
@@ -32,17 +39,41 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class BadBody(Exception):
-    pass
+    def __init__(self, message: str, status_code: int = 400):
+        super().__init__(message)
+        self.status_code = status_code
 
 
 async def _json_body(request: Request) -> Any:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise BadBody(f"request body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise BadBody(f"the body must be application/json, not {media_type or 'untyped'}", 415)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise BadBody(f"request body of {declared} bytes exceeds {MAX_BODY_BYTES}", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():  # counted as it arrives: a chunked body cannot grow past the cap
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BadBody(f"request body exceeds {MAX_BODY_BYTES} bytes", 413)
+        chunks.append(chunk)
     try:
-        return json.loads(body)
+        return json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # deep nesting overflows the parser
         raise BadBody(f"request body is not valid JSON: {type(exc).__name__}: {exc}") from exc
+
+
+def _owner(request: Request) -> str:
+    """Who a session belongs to: the caller's address and the credential it sent."""
+    client = request.client.host if request.client else ""
+    return hashlib.sha256(f"{client}\0{request.headers.get('authorization', '')}".encode()).hexdigest()[:16]
+
+
+def _scoped(item: Any, owner: str) -> Any:
+    """A request whose session id is its owner's own (other fields and shapes as they are)."""
+    if isinstance(item, dict) and isinstance(item.get("session_id"), str):
+        return {**item, "session_id": f"{owner}/{item['session_id']}"}
+    return item
 
 
 def _invalid(message: str, status_code: int = 400) -> JSONResponse:
@@ -72,10 +103,23 @@ def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None
 
     app = FastAPI(title="rstar sandbox", lifespan=lifespan)
     app.state.pool = pool
+    token = pool.settings.token
+
+    @app.middleware("http")
+    async def require_token(request: Request, call_next):
+        if token is not None and request.url.path != "/health":
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
+                return _invalid("missing or wrong sandbox token: send `Authorization: Bearer <token>`", 401)
+        return await call_next(request)
 
     @app.exception_handler(BadBody)
     async def bad_body(_: Request, exc: BadBody) -> JSONResponse:
-        return _invalid(str(exc))
+        return _invalid(str(exc), exc.status_code)
+
+    def too_many(count: int) -> JSONResponse | None:
+        limit = pool.settings.max_batch
+        return _invalid(f"a batch of {count} requests exceeds max_batch ({limit})", 413) if count > limit else None
 
     async def run_code_judge(sub_obj: Any, queue_timeout_s: float | None = None) -> dict:
         try:
@@ -88,7 +132,7 @@ def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None
 
     @app.post("/run")
     async def run(request: Request) -> Any:
-        body = await _json_body(request)
+        body = _scoped(await _json_body(request), _owner(request))
 
         async def answer() -> Any:
             if is_code_judge(body):
@@ -97,8 +141,11 @@ def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None
 
         return await _unless_client_leaves(request, answer())
 
-    async def batch(body: Any, queue_timeout_s: float | None) -> Any:
+    async def batch(body: Any, owner: str, queue_timeout_s: float | None) -> Any:
         if is_code_judge(body) or (isinstance(body, dict) and body.get("type") == "batch"):
+            submissions = body.get("submissions")
+            if isinstance(submissions, list) and (refused := too_many(len(submissions))):
+                return refused
             try:
                 cj = CodeJudgeBatch.model_validate(body)
             except Exception as exc:  # noqa: BLE001
@@ -108,17 +155,19 @@ def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None
         items = body.get("requests") if isinstance(body, dict) else body
         if not isinstance(items, list):
             return _invalid("a batch is a JSON list of requests, or {\"requests\": [...]}", 422)
-        return BatchResult(results=await pool.run_batch(items, queue_timeout_s)).model_dump()
+        if refused := too_many(len(items)):
+            return refused
+        return BatchResult(results=await pool.run_batch([_scoped(item, owner) for item in items], queue_timeout_s)).model_dump()
 
     @app.post("/run/batch")
     async def run_batch(request: Request) -> Any:
         body = await _json_body(request)
-        return await _unless_client_leaves(request, batch(body, None))
+        return await _unless_client_leaves(request, batch(body, _owner(request), None))
 
     @app.post("/run/long-batch")
     async def run_long_batch(request: Request) -> Any:
         body = await _json_body(request)
-        return await _unless_client_leaves(request, batch(body, pool.settings.long_batch_queue_timeout_s))
+        return await _unless_client_leaves(request, batch(body, _owner(request), pool.settings.long_batch_queue_timeout_s))
 
     @app.post("/verify")
     async def verify(request: Request) -> Any:
@@ -134,8 +183,8 @@ def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None
         return await _unless_client_leaves(request, answer())
 
     @app.delete("/sessions/{session_id}")
-    async def close_session(session_id: str) -> dict:
-        await pool.close_session(session_id)
+    async def close_session(session_id: str, request: Request) -> dict:
+        await pool.close_session(_scoped({"session_id": session_id}, _owner(request))["session_id"])
         return {"closed": session_id}
 
     @app.get("/health")

@@ -1,6 +1,6 @@
 """Sandbox knobs, nested in rstar's Settings as `sandbox` (env: RSTAR_SANDBOX__<FIELD>)."""
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 
 class SandboxSettings(BaseModel):
@@ -41,6 +41,17 @@ class SandboxSettings(BaseModel):
     # --- service
     host: str = "127.0.0.1"
     port: int = 8088
+    token: str | None = Field(
+        None, description="Bearer token `rstar sandbox serve` requires on every route but /health, and its clients send; required off loopback."
+    )
+    max_batch: int = Field(1024, ge=1, description="Most requests (or code-judge submissions) one batch may carry.")
     # --- cluster
     ray_address: str | None = Field(None, description="Ray cluster for RayPool ('auto', 'ray://host:10001'); None starts a local Ray.")
     ray_pools_per_node: int = Field(1, description="Zygote pools RayPool starts on each Ray node.")
+
+    @field_validator("token")
+    @classmethod
+    def _a_real_token(cls, token: str | None) -> str | None:
+        if token is not None and not token.strip():
+            raise ValueError("an empty token is no token: unset the variable, or give it a real value")
+        return token

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import json
 import logging
 import time
@@ -22,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import rstar
 from rstar.asgi import ClientDisconnected, cancel_on_disconnect
 from rstar.config import Settings
+from rstar.network import host_name, is_loopback
 from rstar.sandbox.clients import SandboxClient, connect
 from rstar.server.chat_template import choose_template
 from rstar.server.conversations import ConversationStore
@@ -189,15 +189,6 @@ def create_app(settings: Settings, engine_factory: EngineFactory, model_name: st
     return app
 
 
-def is_loopback(host: str) -> bool:
-    """Whether a bind address or a Host header's name is this machine only."""
-    name = host.strip("[]")
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return name == "localhost"
-
-
 def serve_refusal(settings: Settings) -> str | None:
     """Why `rstar serve` must not start with these settings, or None."""
     if settings.api_key is None and not is_loopback(settings.host) and not settings.insecure_no_auth:
@@ -246,8 +237,7 @@ class LoopbackHostOnly:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
             host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
-            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-            if not is_loopback(name):
+            if not is_loopback(host_name(host)):
                 message = f"Host {host!r} is not a loopback name: a server without an API key answers only requests addressed to localhost"
                 return await JSONResponse(error_body(421, message, "host", "misdirected_request"), status_code=421)(scope, receive, send)
         await self.app(scope, receive, send)
