@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from goals import goal
+from goals import goal, write_report
 
 from rstar.config import EngineSettings, load_settings
 from rstar.hardware import cpu_info
@@ -162,10 +162,8 @@ def main() -> None:
             for b in (1, 8)
         ],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps({"ratio_rstar_over_vllm": result["ratio_rstar_over_vllm"], "goals": result["goals"]}, indent=2))
-    print(f"wrote {args.out}")
+    print(json.dumps({"ratio_rstar_over_vllm": result["ratio_rstar_over_vllm"]}, indent=2))
+    write_report(args.out, result)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from goals import write_report
+
 from rstar.config import EngineSettings, load_settings
 from rstar.hardware import cpu_info
 from rstar.server.engine import SamplingOptions, VllmEngine
@@ -124,10 +126,8 @@ def main() -> None:
         **measured,
         "goals": [],  # a measurement that feeds router_sim.py; it has no goal of its own
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result["fit"], indent=2))
-    print(f"wrote {args.out}")
+    write_report(args.out, result)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from goals import goal, print_goals
+from goals import goal, write_report
 
 from rstar.evals import get_benchmark
 from rstar.evals.client import Completion
@@ -159,9 +159,7 @@ def main() -> None:
     }
     print(f"harness overhead: {overhead['ms_per_sample']:.2f} ms/sample over {overhead['samples']} samples")
     print(f"ifeval scoring of {scoring['responses']} responses: ours {scoring['ours_median_s']:.3f} s, lm-eval {scoring['lm_eval_median_s']:.3f} s (ratio {ratio:.2f})")
-    print_goals(out["goals"])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_report(args.out, out)
 
 
 if __name__ == "__main__":

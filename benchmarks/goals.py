@@ -1,8 +1,10 @@
-"""The `goals` list each benchmark writes into its JSON: one entry per goal its issue names, in the shape
-benchmarks/README.md gives. Built and reported here, so each script states only its names and figures."""
+"""The `goals` list each benchmark writes into its JSON: one entry per goal it measures, in the shape
+benchmarks/README.md gives. Built, written and reported here, so each script states only its names and figures."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Literal
 
 Op = Literal["<=", ">="]
@@ -28,3 +30,12 @@ def print_goals(goals: list[dict]) -> None:
     for entry in goals:
         verdict = {True: "met", False: "NOT met", None: "not measured"}[met(entry)]
         print(f"goal {entry['name']}: {entry['value']} {entry['op']} {entry['target']} {entry['unit']}: {verdict}")
+
+
+def write_report(path: Path, report: dict) -> None:
+    """Write a benchmark's JSON (its figures and `goals`), then print the goals and where it went."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print_goals(report["goals"])
+    print(f"wrote {path}")

@@ -53,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from goals import goal, print_goals
+from goals import goal, write_report
 
 HERE = Path(__file__).resolve().parent
 TRL_VERSION = "1.16.0"
@@ -484,10 +484,8 @@ def main() -> None:
             goal("rollout tokens/s / engine's own", _round(summary["rollout_over_engine"]), ">=", 0.9, "x"),
         ],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
     print_summary(result)
-    print(f"wrote {args.out}")
+    write_report(args.out, result)
 
 
 def _round(value):
@@ -515,7 +513,6 @@ def print_summary(result: dict) -> None:
     print(f"ours trained in {ours['steps_trained']}/{ours['steps_measured']} measured steps; reward mean ours {f(ours['reward_mean'], '')} (verify, boxed), TRL {f(trl and trl['reward_mean'], '')} (contains)")
     print(f"weight sync median {f(s['sync_s_median'])} (max {f(s['sync_s_max'])}; with the probe {f(s['sync_with_probe_s_median'])})")
     print(f"rollout {f(s['rollout_tok_s_median'], ' tok/s')} vs engine's own {f(s['engine_tok_s_median'], ' tok/s')} on the same batch")
-    print_goals(result["goals"])
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 sys.path.insert(0, str(REPO_ROOT))
 
 from tool_use_bench import evaluate, heldout_problems  # noqa: E402
-from goals import goal  # noqa: E402
+from goals import goal, write_report  # noqa: E402
 
 from rstar.hardware import cpu_info  # noqa: E402
 from rstar.rl.recipe import load_recipe  # noqa: E402
@@ -152,11 +152,9 @@ def main() -> None:
         goals.append(goal(name, round(minutes, 1), "<=", 45, "minutes"))
     output = {"benchmark": "rl_recipe_bench", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": cpu_info().to_dict(),
               "work": str(work), "quick": args.quick, "steps_per_arm": steps_override or "recipe", "arms": arms, "goals": goals}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(output, indent=1))
+    write_report(args.out, output)
     plot(arms, args.out.with_suffix(".png"))
-    print(json.dumps({"goals": goals}, indent=1))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    print(f"wrote {args.out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
+from goals import write_report  # noqa: E402
 from router_workload import LIVE_SHAPE, TrajectorySpec, WorkloadShape, describe, goals, make_workload, summarize  # noqa: E402
 from tool_use_bench import heldout_problems  # noqa: E402
 
@@ -137,10 +138,8 @@ def main() -> None:
         **measured,
         "goals": goals(measured["per_policy"]),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps({"per_policy": result["per_policy"], "goals": result["goals"]}, indent=2))
-    print(f"wrote {args.out}")
+    print(json.dumps({"per_policy": result["per_policy"]}, indent=2))
+    write_report(args.out, result)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
+from goals import write_report  # noqa: E402
 from router_workload import LIVE_SHAPE, TrajectorySpec, WorkloadShape, describe, make_workload, summarize  # noqa: E402
 
 from rstar.hardware import cpu_info  # noqa: E402
@@ -569,11 +570,10 @@ def main() -> None:
         "cpu_two_replicas": cpu_section,
         "goals": [],  # the simulator predicts; the routing goal is measured live by router_bench.py
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_report(args.out, result)
     plot_path = args.out.with_suffix(".png")
     plot(gpu_sections, plot_path, f"simulated RL step, {shape.prompts} prompts x {shape.rollouts} rollouts, assumed 14B-on-MI300X costs")
-    print(f"wrote {args.out} and {plot_path}")
+    print(f"wrote {plot_path}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import gc
 import io
-import json
 import os
 import platform
 import shutil
@@ -36,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from goals import goal, print_goals
+from goals import goal, write_report
 
 from rstar.hardware import cpu_info
 from rstar.orphan_guard import descendants, process_table
@@ -285,7 +284,6 @@ def print_table(out: dict) -> None:
               f"{r['numpy_cell']['p50_ms']:10.2f} {r['sympy_cell']['p50_ms']:10.2f}")
     for base, ratio in out["ratios"].items():
         print(f"ours vs {base}: " + ", ".join(f"{k} {v}x" for k, v in ratio.items()))
-    print_goals(out["goals"])
 
 
 def main() -> None:
@@ -300,9 +298,7 @@ def main() -> None:
     results = asyncio.run(main_async(args.quick))
     out = report(results, args.quick)
     print_table(out)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, out)
 
 
 if __name__ == "__main__":

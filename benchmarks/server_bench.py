@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import httpx
-from goals import goal, print_goals
+from goals import goal, write_report
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the tests' support modules: free ports, the scripted engine the loop benchmark streams from
@@ -466,11 +466,8 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(), "cpu": cpu_info().to_dict()},
         "model": MODEL_NAME, "max_model_len": MAX_MODEL_LEN, "logs": str(log_dir), **figures, "goals": goals,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"  rstar serve picked: {figures['rstar_defaults']}")
-    print_goals(goals)
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
-from goals import goal
+from goals import goal, write_report
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -179,11 +179,9 @@ def main() -> None:
         "results": results,
         "goals": goals,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(output, indent=1))
+    write_report(args.out, output)
     plot(results, args.out.with_suffix(".png"))
-    print(json.dumps({"goals": goals}, indent=1))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    print(f"wrote {args.out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":
