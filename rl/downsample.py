@@ -26,9 +26,10 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 Mode = Literal["released", "paper", "none"]
+T = TypeVar("T")
 
 # Released `calc_error_ratio_penalty_weights` / `calc_format_penalty_weights` (roc.py): the patterns it
 # searches the response text with (re.DOTALL), and the p_err given to a trace without any tool response.
@@ -77,6 +78,11 @@ class Selection:
     traces_kept: int
     positives_kept: int
     negatives_kept: int
+
+    def pick(self, groups: Sequence[Sequence[T]]) -> list[list[T]]:
+        """The kept items of `groups` (what the traces were made from, in the same order), one list per
+        surviving group, in batch order."""
+        return [[groups[group][index] for index in kept] for group, kept in self.kept.items()]
 
 
 def _is_positive(trace: Trace) -> bool:

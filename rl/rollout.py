@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 from rstar.rl.config import GRPOConfig
 from rstar.rl.data import Problem
-from rstar.rl.downsample import Trace
+from rstar.rl.samples import Sample
 from rstar.sandbox.clients import SandboxClient
 from rstar.sandbox.tools import BUILTIN_TOOLS, PYTHON_TOOL
 from rstar.server.agent_loop import LoopConfig, run_trajectory
 from rstar.server.builtin_tools import SandboxExecutor, builtin_tool_schemas
 from rstar.server.chat_template import ChatTemplate
 from rstar.server.engine import SamplingOptions, TokenEngine
-from rstar.server.trajectory import ToolCallRecord, Trajectory
+from rstar.server.trajectory import Trajectory
 
 TOOLS = builtin_tool_schemas([PYTHON_TOOL])
 log = logging.getLogger("rstar.rl")
@@ -40,32 +40,6 @@ class RolloutEnv:
     engine: TokenEngine
     template: ChatTemplate
     sandbox: SandboxClient
-
-
-@dataclass
-class Sample:
-    """One rollout of one problem, rewarded."""
-
-    problem: Problem
-    trajectory: Trajectory
-    reward: float
-    grade_status: str  # the verifier's: ok, timeout, error, ...
-
-    def trace(self, tokenizer) -> Trace:
-        """What down-sampling reads: the response text with special tokens kept, and the tool records."""
-        trajectory = self.trajectory
-        return Trace(
-            reward=self.reward,
-            text=tokenizer.decode(trajectory.response_ids, skip_special_tokens=False),
-            num_turns=len(trajectory.turns),
-            tool_calls=len(trajectory.tool_calls),
-            tool_errors=sum(is_tool_error(call) for call in trajectory.tool_calls),
-        )
-
-
-def is_tool_error(call: ToolCallRecord) -> bool:
-    """A call that did not run cleanly: bad JSON, unknown tool or arguments, exception, timeout, limits."""
-    return call.decode_error is not None or call.exec_status != "ok" or call.success is False
 
 
 def prompt_messages(problem: Problem) -> list[dict]:

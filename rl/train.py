@@ -29,8 +29,9 @@ from rstar.rl.downsample import Selection, downsample
 from rstar.rl.plots import plot_run
 from rstar.rl.policy import Policy, model_identity, resolve_compute_dtype
 from rstar.rl.recipe import Recipe
-from rstar.rl.rollout import TOOLS, RolloutEnv, Sample, generate, is_tool_error, prompt_messages, reward
+from rstar.rl.rollout import TOOLS, RolloutEnv, generate, prompt_messages, reward
 from rstar.rl.runs import RunStore
+from rstar.rl.samples import Sample, is_tool_error
 from rstar.rl.trainer import GRPOTrainer, training_trees
 from rstar.rl.weight_sync import WeightSync
 
@@ -181,9 +182,10 @@ async def run_step(
     tokenizer = env.template.tokenizer
     traces = [[sample.trace(tokenizer) for sample in group] for group in samples]
     selection = downsample(traces, config.downsample, config.keep_per_prompt, rng, config.min_positive_traces, config.min_negative_traces)
-    trees = training_trees(samples, selection)
+    kept = selection.pick(samples)
+    trees = training_trees(kept)
     measured = {
-        **rollout_metrics(samples, selection),
+        **rollout_metrics(samples, selection, kept),
         "rollout_s": generated - started,
         "reward_s": rewarded - generated,
         "generated_tokens": sum(s.trajectory.num_sampled_tokens for group in samples for s in group),
@@ -207,11 +209,11 @@ async def run_step(
     }
 
 
-def rollout_metrics(groups: list[list[Sample]], selection: Selection) -> dict:
+def rollout_metrics(groups: list[list[Sample]], selection: Selection, kept_groups: list[list[Sample]]) -> dict:
     samples = [s for group in groups for s in group]
-    kept = [(groups[g][i], True) for g, indices in selection.kept.items() for i in indices]
-    positives = [s for s, _ in kept if s.reward > 0]
-    negatives = [s for s, _ in kept if s.reward <= 0]
+    kept = [s for group in kept_groups for s in group]
+    positives = [s for s in kept if s.reward > 0]
+    negatives = [s for s in kept if s.reward <= 0]
 
     def error_rate(chosen: list[Sample]) -> float | None:
         calls = [call for s in chosen for call in s.trajectory.tool_calls]
@@ -223,7 +225,7 @@ def rollout_metrics(groups: list[list[Sample]], selection: Selection) -> dict:
     return {
         "reward_mean": mean([s.reward for s in samples]),
         "solve_rate": mean([float(any(s.reward > 0 for s in group)) for group in groups]),
-        "kept_reward_mean": mean([s.reward for s, _ in kept]),
+        "kept_reward_mean": mean([s.reward for s in kept]),
         "groups": selection.groups_in,
         "groups_dropped_equal": selection.groups_dropped_equal,
         "groups_dropped_small": selection.groups_dropped_small,

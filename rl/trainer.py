@@ -16,18 +16,16 @@ from collections.abc import Sequence
 import torch
 
 from rstar.rl.config import GRPOConfig
-from rstar.rl.downsample import Selection
 from rstar.rl.loss import group_advantages, policy_loss, token_mean, truncated_is_weights
 from rstar.rl.packing import Branch, ForwardBatch, Tree, pack
 from rstar.rl.policy import Policy
-from rstar.rl.rollout import Sample
+from rstar.rl.samples import Sample
 
 
-def training_trees(groups: Sequence[Sequence[Sample]], selection: Selection) -> list[Tree]:
-    """One tree per kept group: the shared prompt, and each kept sample's response with its advantage."""
+def training_trees(kept: Sequence[Sequence[Sample]]) -> list[Tree]:
+    """One tree per kept group (`Selection.pick`): the shared prompt, and each sample's response with its advantage."""
     trees = []
-    for group_index, kept in selection.kept.items():
-        samples = [groups[group_index][i] for i in kept]
+    for samples in kept:
         advantages = group_advantages([sample.reward for sample in samples])
         branches = []
         for sample, advantage in zip(samples, advantages):

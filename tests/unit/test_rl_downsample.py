@@ -186,6 +186,13 @@ def test_downsample_released_golden():
     assert (selection.traces_kept, selection.positives_kept, selection.negatives_kept) == (8, 3, 5)
 
 
+def test_a_selection_picks_the_kept_items_of_what_the_traces_were_made_from():
+    selection = downsample(BATCH, "released", keep=4, rng=random.Random(0))
+    names = [[f"g{g}t{t}" for t in range(len(group))] for g, group in enumerate(BATCH)]
+    assert selection.pick(names) == [["g2t2", "g2t3", "g2t4", "g2t5"], ["g3t0", "g3t1", "g3t2", "g3t3"]]
+    assert selection.pick(BATCH) == [[BATCH[g][t] for t in kept] for g, kept in selection.kept.items()]
+
+
 def test_downsample_paper_golden_and_reproducible():
     selection = downsample(BATCH, "paper", keep=4, rng=random.Random(0))
     check_json("rl/downsample_paper.json", asdict(selection))

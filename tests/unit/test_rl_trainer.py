@@ -10,7 +10,8 @@ from rstar.rl.config import GRPOConfig
 from rstar.rl.data import Problem
 from rstar.rl.downsample import Selection
 from rstar.rl.policy import Policy
-from rstar.rl.rollout import Sample
+from rstar.rl.samples import Sample
+from rstar.rl.train import rollout_metrics
 from rstar.rl.trainer import GRPOTrainer, split_by_tokens, training_trees
 from rstar.rl.packing import Branch, Tree, pack
 from rstar.server.trajectory import Trajectory
@@ -39,9 +40,16 @@ def config(**overrides) -> GRPOConfig:
     return GRPOConfig(**{"learning_rate": 1e-2, "warmup_steps": 0, "weight_decay": 0.0, "compute_dtype": "float32", **overrides})
 
 
+def test_step_metrics_read_the_samples_the_selection_picked():
+    groups = [[sample([1], 1.0), sample([2], 0.0), sample([3], 0.0)], [sample([4], 1.0), sample([5], 1.0)]]
+    selection = Selection({0: (0, 2)}, 2, 1, 0, 0, 2, 1, 1)
+    metrics = rollout_metrics(groups, selection, selection.pick(groups))
+    assert (metrics["reward_mean"], metrics["kept_reward_mean"], metrics["groups_kept"], metrics["solve_rate"]) == (0.6, 0.5, 1, 1.0)
+
+
 def test_training_trees_carry_advantages_of_the_kept_samples_only():
     groups = [[sample([10, 11], 1.0), sample([12], 0.0), sample([13, 14, 15], 0.0, mask=[1, 0, 1]), sample([16], 1.0)]]
-    trees = training_trees(groups, Selection({0: (0, 1, 2)}, 1, 0, 0, 0, 3, 1, 2))
+    trees = training_trees(Selection({0: (0, 1, 2)}, 1, 0, 0, 0, 3, 1, 2).pick(groups))
     (tree,) = trees
     assert tree.prefix == PROMPT and [b.token_ids for b in tree.branches] == [[10, 11], [12], [13, 14, 15]]
     # rewards (1, 0, 0): mean 1/3, Bessel std 0.577 -> +1.155, -0.577, -0.577
@@ -61,7 +69,7 @@ def test_an_update_raises_the_positive_samples_and_lowers_the_negatives(tiny_mod
     good, bad = [20, 21, 22], [30, 31, 32]
     before = (logprob_of(policy, good), logprob_of(policy, bad))
     groups = [[sample(good, 1.0), sample(bad, 0.0)]]
-    trees = training_trees(groups, Selection({0: (0, 1)}, 1, 0, 0, 0, 2, 1, 1))
+    trees = training_trees(Selection({0: (0, 1)}, 1, 0, 0, 0, 2, 1, 1).pick(groups))
     stats = trainer.update(trees, config())
     after = (logprob_of(policy, good), logprob_of(policy, bad))
     assert after[0] > before[0] and after[1] < before[1]
@@ -74,7 +82,7 @@ def test_equal_rewards_give_zero_advantage_and_no_change(tiny_model_dir):
     policy = Policy(tiny_model_dir, "float32")
     trainer = GRPOTrainer(policy, config(weight_decay=0.0))
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
-    trees = training_trees([[sample([20, 21], 1.0), sample([30], 1.0)]], Selection({0: (0, 1)}, 1, 0, 0, 0, 2, 2, 0))
+    trees = training_trees(Selection({0: (0, 1)}, 1, 0, 0, 0, 2, 2, 0).pick([[sample([20, 21], 1.0), sample([30], 1.0)]]))
     trainer.update(trees, config())
     assert all(torch.equal(before[n], p) for n, p in policy.model.named_parameters())
 
@@ -85,7 +93,7 @@ def test_rollout_logprobs_as_old_policy_and_truncated_is_weights_still_learn(tin
     trainer = GRPOTrainer(policy, config(**overrides))
     good = [20, 21, 22]
     before = logprob_of(policy, good)
-    trees = training_trees([[sample(good, 1.0), sample([30, 31, 32], 0.0)]], Selection({0: (0, 1)}, 1, 0, 0, 0, 2, 1, 1))
+    trees = training_trees(Selection({0: (0, 1)}, 1, 0, 0, 0, 2, 1, 1).pick([[sample(good, 1.0), sample([30, 31, 32], 0.0)]]))
     stats = trainer.update(trees, config(**overrides))
     assert logprob_of(policy, good) > before
     if overrides.get("old_logprobs") == "rollout":
@@ -98,7 +106,7 @@ def test_two_mini_batches_update_twice_against_the_old_policy(tiny_model_dir):
     # Two groups of 30-token answers: 4 + 2 x 30 = 64 slots each, so each group is its own forward pass.
     long = [list(range(10 + i, 40 + i)) for i in range(4)]
     groups = [[sample(long[0], 1.0), sample(long[1], 0.0)], [sample(long[2], 1.0), sample(long[3], 0.0)]]
-    stats = trainer.update(training_trees(groups, Selection({0: (0, 1), 1: (0, 1)}, 2, 0, 0, 0, 4, 2, 2)), config(mini_batches_per_step=2, token_budget=64))
+    stats = trainer.update(training_trees(Selection({0: (0, 1), 1: (0, 1)}, 2, 0, 0, 0, 4, 2, 2).pick(groups)), config(mini_batches_per_step=2, token_budget=64))
     # The second mini-batch runs on weights the first update moved, against logprobs from before it.
     assert stats["rows"] == 2 and stats["ratio_mean"] != pytest.approx(1.0, abs=1e-6)
     assert trainer.optimizer.state[next(iter(policy.trainable_parameters()))]["step"] == 2
