@@ -53,7 +53,7 @@ QUICK_SHAPE = replace(LIVE_SHAPE, prompts=2)
 
 async def start_replicated_engine(model_dir: str, served_model_name: str) -> TokenEngine:
     """Two local replicas, one core each, as `rstar serve --replicas 2` starts them."""
-    from rstar.server.replicas import start_ray_replicas
+    from rstar.server.ray_replicas import start_ray_replicas
 
     return await start_ray_replicas(model_dir, ENGINE_SETTINGS.model_copy(update={"replicas": REPLICAS}), served_model_name)
 

@@ -185,7 +185,7 @@ async def _train_in_process(settings: Settings, recipe, problems, data: str, run
     from rstar.sandbox.clients import connect
     from rstar.server.chat_template import choose_template
     from rstar.server.model_store import resolve_model
-    from rstar.server.replicas import start_engine
+    from rstar.server.ray_replicas import start_engine
 
     resolved = resolve_model(settings.model, settings.models_dir)
     console.print(f"starting the engine on {resolved.path} (on CPU about a minute, a first compiled start several)", highlight=False)

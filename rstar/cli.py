@@ -122,7 +122,7 @@ def serve(
     from rstar.server.api import create_app, serve_refusal
     from rstar.server.engine import require_vllm
     from rstar.server.model_store import resolve_model
-    from rstar.server.replicas import require_ray, start_engine, wants_replicas
+    from rstar.server.ray_replicas import require_ray, start_engine, wants_replicas
     from rstar.ui.app import UI_PATH, mount_ui
 
     given = {"max_model_len": max_model_len, "replicas": replicas, "ray_address": ray_address, "routing": routing}

@@ -1,4 +1,4 @@
-"""ReplicatedEngine over in-process replicas (scripted engines behind LocalReplica): routing with the engines'
+"""ReplicatedEngine over in-process replicas (scripted engines behind tests/local_replica.py): routing with the engines'
 stats, queueing at the router, a replica lost mid-load (retry or a clear failure), restart, weight reloads on
 every replica; and the Ray actor options for CPU and GPU."""
 
@@ -12,8 +12,10 @@ from typer.testing import CliRunner
 
 from rstar.config import EngineSettings
 from rstar.server.engine import EngineFailed, SamplingOptions
-from rstar.server.replicas import LocalReplica, RayNotInstalled, ReplicatedEngine, replica_actor_options, require_ray, split_cores
+from rstar.server.ray_replicas import RayNotInstalled, replica_actor_options, require_ray, split_cores
+from rstar.server.replicas import ReplicatedEngine
 from rstar.server.routing import Router
+from tests.local_replica import LocalReplica
 from tests.scripted_engine import ScriptedEngine
 
 GREEDY = SamplingOptions(max_tokens=64, temperature=0.0)
