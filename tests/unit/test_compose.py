@@ -14,7 +14,8 @@ from rstar.cli import app
 from rstar.config import Settings
 from tests.conftest import REPO_ROOT
 
-INTERPOLATION = re.compile(r"\$\{[A-Z_]+(?::?-([^}]*))?\}")
+# ${NAME}, ${NAME:-default} and ${NAME:?error}, which compose refuses to start without.
+INTERPOLATION = re.compile(r"\$\{([A-Z_]+)(?::?([-?])([^}]*))?\}")
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +24,13 @@ def compose() -> dict:
 
 
 def interpolated(value: str) -> str:
-    """A value as compose would see it with no variables set: each ${NAME:-default} replaced by its default."""
-    return INTERPOLATION.sub(lambda match: match.group(1) or "", value)
+    """A value as compose would see it with no variables set but the required ones: each ${NAME:-default}
+    replaced by its default, each required ${NAME:?error} by the placeholder `<NAME>`."""
+    return INTERPOLATION.sub(lambda match: f"<{match.group(1)}>" if match.group(2) == "?" else (match.group(3) or ""), value)
+
+
+def required_variables(value: str) -> set[str]:
+    return {match.group(1) for match in INTERPOLATION.finditer(value) if match.group(2) == "?"}
 
 
 def command_problems(argv: list[str]) -> list[str]:
@@ -111,3 +117,20 @@ def test_cuda_reserves_nvidia_gpus_and_rocm_opens_the_amd_devices_on_a_rocm_imag
     for key in ("ray-head-rocm", "ray-worker-rocm"):
         service = compose["services"][key]
         assert service["devices"] == ["/dev/kfd", "/dev/dri"] and service["group_add"] == ["video"]
+
+
+def test_the_keys_are_required_and_nothing_that_runs_code_is_open(compose):
+    services = compose["services"]
+    # The api services are `<<: [*api, *rstar]`; compose takes `environment` from the first (x-api), where
+    # PyYAML's merge would take the last, so x-api is read itself.
+    api = compose["x-api"]
+    for name, service in (("api", api), ("ui", services["ui"])):
+        assert required_variables(service["environment"]["RSTAR_API_KEY"]) == {"RSTAR_API_KEY"}, name
+    for name, service in (("api", api), ("sandbox", services["sandbox"])):
+        assert required_variables(service["environment"]["RSTAR_SANDBOX__TOKEN"]) == {"RSTAR_SANDBOX_TOKEN"}, name
+    assert api["environment"]["RSTAR_ADMIN_KEY"] is None  # passed through only when the operator sets it
+    for name in ("ray-head-cuda", "ray-head-rocm"):
+        assert "--dashboard-host=127.0.0.1" in services[name]["entrypoint"], name
+    sandbox = services["sandbox"]
+    assert "volumes" not in sandbox and "ports" not in sandbox
+    assert set(sandbox["environment"]) == {"RSTAR_SANDBOX__TOKEN"}  # no database URL, no data dir
