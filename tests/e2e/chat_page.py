@@ -1,6 +1,23 @@
-"""Reading the Chat tab in a browser page: its text, its messages, and the UI's end-of-answer signal."""
+"""Reading the Chat tab in a browser page: its text, its messages, the UI's end-of-answer signal, and how long
+to wait for it on this machine."""
 
 from __future__ import annotations
+
+import weakref
+
+# How long each open page took to load here (tests/e2e/conftest.py's new_page measures it).
+_LOAD_S: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def loaded_in(page, seconds: float) -> None:
+    _LOAD_S[page] = seconds
+
+
+def patience_s(page) -> float:
+    """How long a wait on this page's own signals may take before the test fails: 30 s, or 20 times what loading
+    the page took on this machine if that is longer. A wait returns as soon as its signal shows, so a generous
+    deadline costs a passing test nothing; a fixed one meant for a fast CPU fails on a slow one."""
+    return max(30.0, 20 * _LOAD_S.get(page, 0.0))
 
 
 def chat_text(page) -> str:
@@ -19,7 +36,8 @@ def answer_signal(page) -> str:
 
 
 def wait_for_answer(page, before: str, timeout_s: float = 300) -> str:
-    """Wait until the answer sent after the signal read `before` has ended; returns how ("done" or "stopped")."""
+    """Wait until the answer sent after the signal read `before` has ended; returns how ("done" or "stopped").
+    The default is sized for a real engine's answer; a stop's end is the page's alone (`patience_s`)."""
     page.wait_for_function(
         """(before) => {
             const signal = document.querySelector('#answer-state').textContent.trim();

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.e2e.chat_page import loaded_in, patience_s
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -73,25 +74,36 @@ def browser():
 @pytest.fixture
 def new_page(browser, request):
     """Opens pages on a URL; each one's final state is screenshotted to artifacts/e2e/<test>[-n].png, and
-    JavaScript errors on any of them fail the test."""
+    JavaScript errors on any of them fail the test. Every page is closed when the test ends, however it ends.
+
+    A page's waits default to its patience (chat_page.patience_s): sized by how long this machine took to load
+    it, since a CPU that loads the page slowly renders it slowly too."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     opened = []
     page_errors: list[str] = []
 
     def open_page(url: str):
         context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        opened.append(context)
         page = context.new_page()
         page.on("pageerror", lambda error: page_errors.append(str(error)))
-        page.goto(url)
-        page.wait_for_selector("#chat-input textarea", timeout=60_000)
-        opened.append((context, page))
+        started = time.monotonic()
+        page.goto(url, timeout=120_000)
+        page.wait_for_selector("#chat-input textarea", timeout=120_000)
+        loaded_in(page, time.monotonic() - started)
+        page.set_default_timeout(patience_s(page) * 1000)
         return page
 
     yield open_page
-    for number, (context, page) in enumerate(opened):
+    for number, context in enumerate(opened):
         suffix = f"-{number}" if number else ""
-        page.screenshot(path=str(ARTIFACTS / f"{request.node.name}{suffix}.png"), full_page=True)
-        context.close()
+        try:
+            # Bounded: a page still busy must not hold up the test's teardown (or the next test) for long.
+            context.pages[0].screenshot(path=str(ARTIFACTS / f"{request.node.name}{suffix}.png"), full_page=True, timeout=15_000)
+        except Exception as exc:  # the screenshot is evidence, not the test: say why it is missing
+            print(f"no screenshot of page {number}: {exc}")
+        finally:
+            context.close()
     assert not page_errors, f"JavaScript errors on the page: {page_errors}"
 
 

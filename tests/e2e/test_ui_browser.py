@@ -108,7 +108,7 @@ def test_the_stop_button_cancels_the_generation_on_the_server(page, live_server)
     page.wait_for_function("document.querySelector('#chatbot').innerText.length > 200", timeout=120_000)
     page.screenshot(path=str(ARTIFACTS / "chat_while_streaming.png"), full_page=True)
     page.click("#stop")
-    assert wait_for_answer(page, before, timeout_s=30) == "stopped"
+    assert wait_for_answer(page, before, patience_s(page)) == "stopped"
     deadline = time.time() + 30
     while httpx.get(f"{live_server.base_url}/health").json()["engine"]["unfinished"] > 0:
         assert time.time() < deadline, "the engine still runs the generation 30 s after Stop"
