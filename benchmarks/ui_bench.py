@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from goals import goal, print_goals
 from rstar.hardware import cpu_info
 
 CHROMIUM = "/usr/bin/chromium"
@@ -230,7 +231,7 @@ def run(quick: bool) -> dict:
     two = results["coalesced_2_pages"]
     goals = [
         # The page keeps up: with two pages streaming at once on this machine, the last chunk shows within 1 s.
-        {"name": "coalesced_two_pages_max_lag_s", "value": two["max_lag_s"] if two["caught_up"] else cap_s, "op": "<=", "target": 1.0, "unit": "s"},
+        goal("coalesced_two_pages_max_lag_s", two["max_lag_s"] if two["caught_up"] else cap_s, "<=", 1.0, "s"),
     ]
     return {
         "benchmark": "ui_bench",
@@ -250,9 +251,7 @@ def print_table(out: dict) -> None:
         lag = "/".join("-" if lag is None else f"{lag:.2f}" for lag in r["lag_s"])
         page = "/".join(f"{ms:.2f}" for ms in r["page_task_ms_per_chunk"])
         print(f"{name:22} {str(r['caught_up']):>9} {lag:>14} {page:>16} {r['browser_cpu_ms_per_chunk']:17.2f} {r['ui_cpu_ms_per_chunk']:12.2f}")
-    for goal in out["goals"]:
-        met = goal["value"] <= goal["target"] if goal["op"] == "<=" else goal["value"] >= goal["target"]
-        print(f"goal {goal['name']}: {goal['value']} {goal['op']} {goal['target']} {goal['unit']} -> {'met' if met else 'NOT met'}")
+    print_goals(out["goals"])
 
 
 def main() -> None:
