@@ -12,7 +12,7 @@ import httpx
 
 from rstar.ui.render import strip_tool_calls
 from tests.conftest import DEFAULT_MODEL_NAME
-from tests.e2e.chat_page import answer_signal, chat_text, error_shown, messages_text, wait_for_answer
+from tests.e2e.chat_page import answer_signal, chat_text, error_shown, messages_text, patience_s, wait_for_answer
 from tests.e2e.conftest import ARTIFACTS
 from tests.eval_run import write_eval_run
 
