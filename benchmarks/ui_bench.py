@@ -23,32 +23,23 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 
 from goals import goal, print_goals
 from rstar.hardware import cpu_info
 
-CHROMIUM = "/usr/bin/chromium"
-# What the browser tests start Chromium with (tests/e2e/conftest.py): headless on a machine with no display,
-# no GPU and no network beyond loopback.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' support modules: ports, servers, the browser
+from tests.processes import CHROMIUM, CHROMIUM_ARGS, free_port, serve_in_thread, start_logged  # noqa: E402
+
 CHUNKS_PER_S = 100
 ANSWER_TOKENS = 100  # the last tokens of the answer are its content, after the reasoning
 MODES = {"coalesced": None, "per_event": 0.0}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def standin_api(tokens: int):
@@ -96,35 +87,13 @@ def standin_api(tokens: int):
     return app, ended
 
 
-def serve_in_thread(app) -> str:
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    return f"http://127.0.0.1:{port}"
-
-
-def start_ui(endpoint: str, render_interval: float | None) -> tuple[subprocess.Popen, str]:
+def start_ui(endpoint: str, render_interval: float | None, log_dir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     command = [str(Path(sys.executable).with_name("rstar")), "ui", "--endpoint", endpoint, "--port", str(port)]
     if render_interval is not None:
         command += ["--render-interval", str(render_interval)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/ui/"
-    deadline = time.time() + 120
-    while True:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        if time.time() > deadline or process.poll() is not None:
-            process.kill()
-            raise RuntimeError(f"rstar ui did not start: {command}")
-        time.sleep(0.25)
+    return start_logged(command, dict(os.environ), log_dir / f"ui-{port}.log", url), url
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -210,16 +179,17 @@ def run(quick: bool) -> dict:
     tokens = 1_500 if quick else 10_000
     cap_s = 20.0 if quick else 60.0
     app, ended = standin_api(tokens)
-    endpoint = serve_in_thread(app)
+    endpoint, _ = serve_in_thread(app)
+    log_dir = Path(tempfile.mkdtemp(prefix="ui_bench-"))
     results: dict[str, dict] = {}
     with sync_playwright() as playwright:
         before = {p.pid for p in psutil.process_iter() if p.name() == "chromium"}
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         # The browser's root process: the chromium that Playwright started, whose descendants are its pages.
         started = [p for p in psutil.Process().children(recursive=True) if p.name() == "chromium" and p.pid not in before]
         browser_process = min(started, key=lambda p: p.create_time())
         for mode, render_interval in MODES.items():
-            ui, url = start_ui(endpoint, render_interval)
+            ui, url = start_ui(endpoint, render_interval, log_dir)
             try:
                 for pages in (1, 2):
                     print(f"measuring {mode} with {pages} page(s), {tokens} tokens at {CHUNKS_PER_S}/s ...", flush=True)

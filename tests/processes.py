@@ -1,12 +1,15 @@
 """Helpers for tests that start rstar as a user would: a free port, starting a server and waiting until it
-serves, and clearing what a killed engine leaves in shared memory."""
+serves (a CLI in its own process, or an ASGI app in a thread), the browser the tests drive, and clearing what a
+killed engine leaves in shared memory."""
 
 from __future__ import annotations
 
 import signal
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -14,10 +17,38 @@ import httpx
 from rstar.orphan_guard import SEGMENT_PREFIX, SHM, unlink_unused_shared_memory
 
 
+# Debian's chromium (Playwright never downloads one here), headless with no GPU and no network beyond loopback.
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def serve_in_thread(app) -> tuple[str, Callable[[], None]]:
+    """Serve an ASGI app on a free loopback port from a thread: its base URL, and how to stop it."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not server.started:
+        assert thread.is_alive(), "the server exited during start-up"
+        assert time.time() < deadline, "the server did not start in 60 s"
+        time.sleep(0.05)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(30)
+
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", stop
 
 
 def wait_until_serving(process: subprocess.Popen, url: str, log_path: Path, timeout_s: float) -> None:

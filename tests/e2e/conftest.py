@@ -8,43 +8,15 @@ artifacts/e2e/.
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.e2e.chat_page import loaded_in, patience_s
+from tests.processes import CHROMIUM, CHROMIUM_ARGS, serve_in_thread
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = REPO_ROOT / "artifacts" / "e2e"
-
-
-def serve_in_thread(app) -> tuple[str, Callable[[], None]]:
-    """Serve an ASGI app on a free loopback port from a thread: its base URL, and how to stop it."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not server.started:
-        assert thread.is_alive(), "the server exited during start-up"
-        assert time.time() < deadline, "the server did not start in 60 s"
-        time.sleep(0.05)
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(30)
-
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", stop
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.e2e.chat_page import answer_signal, error_shown, patience_s, wait_for_answer
-from tests.e2e.conftest import serve_in_thread
+from tests.processes import serve_in_thread
 from tests.waiting import wait_for
 
 STOPS = 10
