@@ -21,7 +21,7 @@ needs the network once). To make it by hand:
 Without TRL (or with `--no-trl`) our side still runs and the step-time goal is reported as null.
 
 Order, never both at once: TRL's process starts first and loads its model while our engine starts, then
-waits. Our side runs: one warm-up step and the measured steps (`rstar.rl.train.run_step`: rollout, reward,
+waits. Our side runs: one warm-up step and the measured steps (`rstar.rl.grpo.train.run_step`: rollout, reward,
 update, weight sync + probe), then rollout tokens/s against the engine's own rate on the same batch (same
 prompt ids, n, max tokens, temperature and seeds; alternating rounds), then weight sync
 (`WeightSync.sync()`: safetensors into /dev/shm + in-place reload) timed directly. The engine is then shut
@@ -185,11 +185,11 @@ class TrlRunner:
 
 
 async def rollout_vs_engine(env, config, problems, rounds: int, first_step: int) -> list[dict]:
-    """Our rollout path (`rstar.rl.rollout.generate`: agent loop, logprobs, per-token stream parsing) vs the
+    """Our rollout path (`rstar.rl.grpo.rollout.generate`: agent loop, logprobs, per-token stream parsing) vs the
     engine's own generation of the same 32 sequences (`engine.generate` for each, all concurrent, same
     prompt ids, sampling seeds, max tokens and stop token), alternating which goes first."""
-    from rstar.rl.rollout import generate, prompt_messages, sample_seed
-    from rstar.rl.train import data_order
+    from rstar.rl.grpo.rollout import generate, prompt_messages, sample_seed
+    from rstar.rl.grpo.train import data_order
     from rstar.server.engine import SamplingOptions
 
     template, engine = env.template, env.engine
@@ -272,13 +272,13 @@ async def run(args, quick: bool) -> dict:
     from rstar.config import load_settings
     from rstar.hardware import cpu_info
     from rstar.rl.checkpoint import TrainerState
-    from rstar.rl.config import GRPOConfig
+    from rstar.rl.grpo.config import GRPOConfig
     from rstar.rl.data import Problem
     from rstar.rl.policy import Policy, model_identity, resolve_compute_dtype
-    from rstar.rl.rollout import RolloutEnv
-    from rstar.rl.train import probe_ids, probe_tolerance, run_step
-    from rstar.rl.trainer import GRPOTrainer
-    from rstar.rl.weight_sync import WeightSync
+    from rstar.rl.grpo.rollout import RolloutEnv
+    from rstar.rl.grpo.train import probe_ids, probe_tolerance, run_step
+    from rstar.rl.grpo.trainer import GRPOTrainer
+    from rstar.rl.grpo.weight_sync import WeightSync
     from rstar.sandbox.clients import LocalClient
     from rstar.sandbox.settings import SandboxSettings
     from rstar.server.chat_template import choose_template

@@ -37,7 +37,7 @@ from tool_use_bench import evaluate, heldout_problems  # noqa: E402
 from goals import goal, write_report  # noqa: E402
 
 from rstar.hardware import cpu_info  # noqa: E402
-from rstar.rl.recipe import load_recipe  # noqa: E402
+from rstar.rl.grpo.recipe import load_recipe  # noqa: E402
 
 RECIPE_STEPS = load_recipe("cpu").total_steps
 

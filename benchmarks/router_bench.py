@@ -4,7 +4,7 @@ One `ReplicatedEngine` (server/replicas.py: N engines as one TokenEngine) serves
 by `router_workload.make_workload` (the simulator's generator, scaled to this machine): short single-turn
 answers and long multi-turn tool trajectories, all started at once as a rollout step starts them. Short ones are
 plain `generate` calls of exactly the drawn length (EOS ignored); multi-turn ones run the real agent loop
-(`run_trajectory`, as rl/rollout.py calls it) with the real sandbox, the drawn turns and token budget as limits,
+(`run_trajectory`, as rl/grpo/rollout.py calls it) with the real sandbox, the drawn turns and token budget as limits,
 on the tool-use problems of `rstar rl make-sft-data` (the rollouts of one problem share its prompt).
 
 The policies take turns in rounds (the order rotates each round), each on the same workload, with the
@@ -35,9 +35,9 @@ from tool_use_bench import heldout_problems  # noqa: E402
 
 from rstar.config import EngineSettings, load_settings  # noqa: E402
 from rstar.hardware import cpu_info  # noqa: E402
-from rstar.rl.config import GRPOConfig  # noqa: E402
+from rstar.rl.grpo.config import GRPOConfig  # noqa: E402
 from rstar.rl.data import Problem, problem_from_row  # noqa: E402
-from rstar.rl.rollout import TOOLS, loop_config, prompt_messages, sample_seed  # noqa: E402
+from rstar.rl.grpo.rollout import TOOLS, loop_config, prompt_messages, sample_seed  # noqa: E402
 from rstar.server.agent_loop import run_trajectory  # noqa: E402
 from rstar.server.builtin_tools import SandboxExecutor  # noqa: E402
 from rstar.server.chat_template import ChatTemplate, choose_template  # noqa: E402

@@ -83,7 +83,7 @@ def make_sft_data_command(
     rl: Annotated[int, typer.Option(min=1, help="RL problems (training phrasings, fresh numbers).")] = 1000,
 ) -> None:
     """Write tool-use SFT conversations whose programs ran in the sandbox, plus held-out and RL problems."""
-    from rstar.rl.sft_data import make_sft_data
+    from rstar.rl.sft.data import make_sft_data
 
     settings = load_settings()
     with _progress() as bars:
@@ -108,8 +108,8 @@ def sft_command(
     """Supervised fine-tuning on tool conversations, loss on the model's own tokens only (the paper's non-reasoning SFT)."""
     from transformers import AutoTokenizer
 
-    from rstar.rl.sft import SFTConfig, SFTSpec, train_sft
-    from rstar.rl.sft_encoding import ConversationError, encode_conversation, read_conversations
+    from rstar.rl.sft.train import SFTConfig, SFTSpec, train_sft
+    from rstar.rl.sft.encoding import ConversationError, encode_conversation, read_conversations
     from rstar.server.chat_template import choose_template
     from rstar.server.model_store import ModelNotFound, resolve_model
 
@@ -152,7 +152,7 @@ def train_command(
 ) -> None:
     """GRPO-RoC on a recipe's stages, with rollouts on an engine and sandbox started in this process."""
     from rstar.rl.data import DataError, load_problems
-    from rstar.rl.recipe import RecipeError, load_recipe
+    from rstar.rl.grpo.recipe import RecipeError, load_recipe
 
     settings = load_settings(model=model, sandbox={"ray_address": ray_address} if ray_address else None)
     try:
@@ -180,8 +180,8 @@ def _parse_setting(item: str) -> tuple[str, object]:
 
 
 async def _train_in_process(settings: Settings, recipe, problems, data: str, run_id: str, ray: bool) -> str:
-    from rstar.rl.rollout import RolloutEnv
-    from rstar.rl.train import RunSpec, train_grpo
+    from rstar.rl.grpo.rollout import RolloutEnv
+    from rstar.rl.grpo.train import RunSpec, train_grpo
     from rstar.sandbox.clients import connect
     from rstar.server.chat_template import choose_template
     from rstar.server.model_store import resolve_model
@@ -206,7 +206,7 @@ async def _train_in_process(settings: Settings, recipe, problems, data: str, run
 @app.command("recipes")
 def recipes_command() -> None:
     """The shipped recipes and their stages."""
-    from rstar.rl.recipe import load_recipe, shipped_recipes
+    from rstar.rl.grpo.recipe import load_recipe, shipped_recipes
 
     table = Table()
     for column in ("recipe", "stage", "steps", "max tokens", "max turns", "filter", "description"):

@@ -24,7 +24,7 @@ from rstar.ui.render import AssistantTurn, conversation_messages, turn_messages
 log = logging.getLogger("rstar.ui")
 
 # Problems the embedded default model answers by running a cell, checked at the chat's default temperature
-# (0.6): a 135M model handles the sentence shapes it was tuned on (rl/sft_data.py), not olympiad problems.
+# (0.6): a 135M model handles the sentence shapes it was tuned on (rl/sft/data.py), not olympiad problems.
 EXAMPLES = [
     "What is 4821 times 937?",
     "How many positive divisors does 5040 have?",

@@ -245,7 +245,7 @@ def test_a_client_leaving_kills_its_real_sandbox_job(live_server, loop_thread):
 def test_a_client_stop_string_ends_the_trajectory_on_the_real_engine(live_server, default_tokenizer):
     """The default model writes a call on this problem (the test below runs it); a stop string at the call's end
     ends the whole answer there: the call it wrote does not run, and nothing is sampled after it."""
-    from rstar.rl.sft_data import generate_problems
+    from rstar.rl.sft.data import generate_problems
 
     problem = generate_problems(0, 1, "heldout")[0]
     client = openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused")
@@ -287,7 +287,7 @@ def test_agent_loop_on_the_real_engine_and_sandbox(live_server, engine, loop_thr
 def test_the_pulled_default_answers_a_held_out_problem_with_a_cell_that_ran(live_server):
     """The session engine serves `default` as `rstar model pull` built it (base + shipped delta); its first answer
     to the first held-out problem of `rstar rl make-sft-data --seed 0` runs Python and boxes what it printed."""
-    from rstar.rl.sft_data import generate_problems
+    from rstar.rl.sft.data import generate_problems
     from rstar.sandbox.verify import extract_answer
 
     problem = generate_problems(0, 1, "heldout")[0]

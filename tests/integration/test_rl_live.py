@@ -22,10 +22,10 @@ from safetensors.torch import load_file
 
 from rstar.orphan_guard import shared_memory_used
 from rstar.rl.data import Problem
-from rstar.rl.recipe import parse_recipe
-from rstar.rl.rollout import RolloutEnv
+from rstar.rl.grpo.recipe import parse_recipe
+from rstar.rl.grpo.rollout import RolloutEnv
 from rstar.rl.runs import RunStore
-from rstar.rl.train import RunSpec, train_grpo
+from rstar.rl.grpo.train import RunSpec, train_grpo
 from rstar.sandbox.clients import LocalClient
 from rstar.sandbox.settings import SandboxSettings
 from rstar.server.chat_template import rstar_template
@@ -213,9 +213,9 @@ def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_pat
 
 
 def test_a_short_sft_lowers_the_loss_on_the_real_model(base_model_dir, tmp_path):
-    from rstar.rl.sft import SFTConfig, SFTSpec, train_sft
-    from rstar.rl.sft_data import build_conversations, generate_problems
-    from rstar.rl.sft_encoding import encode_conversation
+    from rstar.rl.sft.train import SFTConfig, SFTSpec, train_sft
+    from rstar.rl.sft.data import build_conversations, generate_problems
+    from rstar.rl.sft.encoding import encode_conversation
     from rstar.server.builtin_tools import SandboxExecutor
     from transformers import AutoTokenizer
 

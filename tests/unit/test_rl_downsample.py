@@ -13,7 +13,7 @@ from dataclasses import asdict
 
 import pytest
 
-from rstar.rl.downsample import (
+from rstar.rl.grpo.downsample import (
     Trace,
     downsample,
     paper_penalties,

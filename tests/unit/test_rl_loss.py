@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rstar.rl.loss import group_advantages, policy_loss, token_mean, truncated_is_weights
+from rstar.rl.grpo.loss import group_advantages, policy_loss, token_mean, truncated_is_weights
 from tests.unit.golden_files import check_json
 
 

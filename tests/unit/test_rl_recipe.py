@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rstar.rl.config import GRPOConfig
-from rstar.rl.recipe import RecipeError, load_recipe, parse_recipe, shipped_recipes
+from rstar.rl.grpo.config import GRPOConfig
+from rstar.rl.grpo.recipe import RecipeError, load_recipe, parse_recipe, shipped_recipes
 
 
 def test_config_defaults_are_the_released_run_script():

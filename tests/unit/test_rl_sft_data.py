@@ -1,4 +1,4 @@
-"""Tool-use SFT data (rl/sft_catalogue.py, rl/sft_data.py): programs checked in the real sandbox, split
+"""Tool-use SFT data (rl/sft/catalogue.py, rl/sft/data.py): programs checked in the real sandbox, split
 hygiene, reproducibility, and conversations in the shape the server's rStar template and tool-call parser
 expect."""
 
@@ -13,9 +13,9 @@ from collections import Counter
 
 import pytest
 
-from rstar.rl import sft_catalogue, sft_data
-from rstar.rl.sft_catalogue import FAMILIES, HELDOUT_PHRASINGS_PER_FAMILY
-from rstar.rl.sft_data import generate_problems, make_sft_data
+from rstar.rl.sft import catalogue, data
+from rstar.rl.sft.catalogue import FAMILIES, HELDOUT_PHRASINGS_PER_FAMILY
+from rstar.rl.sft.data import generate_problems, make_sft_data
 from rstar.sandbox.clients import LocalClient
 from rstar.sandbox.tools import PYTHON_TOOL
 from rstar.sandbox.verify import extract_answer
@@ -47,7 +47,7 @@ class Sandbox:
         return self.loop_thread.run(run_all())
 
     def build(self, examples, progress=lambda done, total: None):
-        return self.loop_thread.run(sft_data.build_conversations(examples, self.executor, progress))
+        return self.loop_thread.run(data.build_conversations(examples, self.executor, progress))
 
     def close(self):
         self.loop_thread.run(self.client.close())
@@ -118,8 +118,8 @@ def test_planted_bugs_fail_in_the_sandbox_with_the_error_they_name(sandbox):
     rng = random.Random(5)
     cases = []
     for _, code, _ in every_program(samples_per_computation=1):
-        for maker, error in [(sft_data.misspelled_name, "NameError"), (sft_data.missing_import, "NameError"),
-                             (sft_data.string_concatenation, "TypeError")]:
+        for maker, error in [(data.misspelled_name, "NameError"), (data.missing_import, "NameError"),
+                             (data.string_concatenation, "TypeError")]:
             bug = maker(code, rng)
             if bug is not None:
                 cases.append((bug, error))
@@ -170,7 +170,7 @@ def test_families_have_at_least_twelve_training_phrasings_and_hold_out_the_last_
         train, heldout = family.phrasing_ids("train"), family.phrasing_ids("heldout")
         assert len(train) >= 12 and len(heldout) == HELDOUT_PHRASINGS_PER_FAMILY
         assert train + heldout == [f"{family.name}/{i}" for i in range(len(family.phrasings))]
-        assert [sft_catalogue.phrasing_by_id(pid).text for pid in heldout] == HELDOUT_TEXTS[family.name]
+        assert [catalogue.phrasing_by_id(pid).text for pid in heldout] == HELDOUT_TEXTS[family.name]
     texts = [phrasing.text for family in FAMILIES for phrasing in family.phrasings]
     assert len(texts) == len(set(texts))
 
@@ -181,16 +181,16 @@ def test_the_heldout_problems_of_seed_zero_are_the_ones_measured():
 
 
 def training_computations(family) -> Counter:
-    return Counter(sft_catalogue.phrasing_by_id(pid).computation.name for pid in family.phrasing_ids("train"))
+    return Counter(catalogue.phrasing_by_id(pid).computation.name for pid in family.phrasing_ids("train"))
 
 
 def test_every_computation_is_trained_in_several_phrasings():
     for family in FAMILIES:
         counts = training_computations(family)
         assert min(counts.values()) >= 2, (family.name, counts)
-        heldout = {sft_catalogue.phrasing_by_id(pid).computation.name for pid in family.phrasing_ids("heldout")}
+        heldout = {catalogue.phrasing_by_id(pid).computation.name for pid in family.phrasing_ids("heldout")}
         assert heldout <= set(counts), family.name
-    stories = training_computations(sft_catalogue.FAMILIES_BY_NAME["word"])
+    stories = training_computations(catalogue.FAMILIES_BY_NAME["word"])
     for name in ("product", "remainder", "power_mod", "range_sum", "square_sum", "multiple_sum", "divisor_count",
                  "linear", "positive_root"):
         assert stories[name] >= 2, (name, stories)
@@ -204,7 +204,7 @@ def test_every_computation_is_trained_in_several_phrasings():
     ("equation", ["{equation}", "{equation_sup}", "{equation_code}", "${equation}$"]),
 ])
 def test_training_phrasings_show_each_notation(family_name, notations):
-    texts = [sft_catalogue.phrasing_by_id(pid).text for pid in sft_catalogue.FAMILIES_BY_NAME[family_name].phrasing_ids("train")]
+    texts = [catalogue.phrasing_by_id(pid).text for pid in catalogue.FAMILIES_BY_NAME[family_name].phrasing_ids("train")]
     assert all(any(notation in text for text in texts) for notation in notations), texts
 
 
@@ -219,37 +219,37 @@ def test_every_phrasing_formats_with_its_computations_fields():
 
 
 def test_polynomials_and_equations_in_every_notation():
-    assert sft_catalogue.polynomial([2, -3, 1]) == "2x^2 - 3x + 1"
-    assert sft_catalogue.polynomial([2, -3, 1], "unicode") == "2x\u00b2 - 3x + 1"
-    assert sft_catalogue.polynomial([2, -3, 1], "code") == "2*x**2 - 3*x + 1"
-    assert sft_catalogue.polynomial([-1, 0, 5]) == "-x^2 + 5"
-    assert sft_catalogue.polynomial([0, 0, 0]) == "0"
-    assert sft_catalogue.linear_fields(7, -12, 30)["equation"] == "7x - 12 = 30"
-    fields = sft_catalogue.equation_fields([2, 0, 132], [0, 50, 0])
+    assert catalogue.polynomial([2, -3, 1]) == "2x^2 - 3x + 1"
+    assert catalogue.polynomial([2, -3, 1], "unicode") == "2x\u00b2 - 3x + 1"
+    assert catalogue.polynomial([2, -3, 1], "code") == "2*x**2 - 3*x + 1"
+    assert catalogue.polynomial([-1, 0, 5]) == "-x^2 + 5"
+    assert catalogue.polynomial([0, 0, 0]) == "0"
+    assert catalogue.linear_fields(7, -12, 30)["equation"] == "7x - 12 = 30"
+    fields = catalogue.equation_fields([2, 0, 132], [0, 50, 0])
     assert fields["equation"] == "2x^2 + 132 = 50x"
     assert fields["equation_sup"] == "2x\u00b2 + 132 = 50x"
     assert fields["equation_code"] == "2*x**2 + 132 = 50*x"
     assert (fields["lhs"], fields["rhs"], fields["expr"]) == ("2*x**2 + 132", "50*x", "2*x**2 + 132 - (50*x)")
-    assert sft_catalogue.equation_fields([8, -406], [-462])["expr"] == "8*x - 406 - (-462)"
-    assert sft_catalogue.equation_fields([1, -5, 6], [0])["expr"] == "x**2 - 5*x + 6"
+    assert catalogue.equation_fields([8, -406], [-462])["expr"] == "8*x - 406 - (-462)"
+    assert catalogue.equation_fields([1, -5, 6], [0])["expr"] == "x**2 - 5*x + 6"
 
 
 def test_factorizations_in_every_notation():
-    fields = sft_catalogue.factored_fields(2**3 * 3**2 * 5)
+    fields = catalogue.factored_fields(2**3 * 3**2 * 5)
     assert fields == {"factored": "2^3 · 3^2 · 5", "factored_times": "2^3 × 3^2 × 5",
                       "factored_latex": "2^{3} \\cdot 3^{2} \\cdot 5", "factored_code": "2**3 * 3**2 * 5",
                       "exponents": "[3, 2, 1]"}
-    assert sft_catalogue.count_divisors(360) == 24 and sft_catalogue.sum_divisors(360) == 1170
+    assert catalogue.count_divisors(360) == 24 and catalogue.sum_divisors(360) == 1170
 
 
 def test_training_equations_take_every_form():
     rng = random.Random(3)
-    linear = [sft_catalogue.sample_linear_any_form(rng) for _ in range(300)]
+    linear = [catalogue.sample_linear_any_form(rng) for _ in range(300)]
     assert any(re.fullmatch(r"-?\d+ = .*x.*", f["equation"]) for f in linear)  # x on the right
     assert any(re.fullmatch(r".*x.* = .*x.*", f["equation"]) for f in linear)  # on both sides
     assert any(re.fullmatch(r".*x.* = -\d+", f["equation"]) for f in linear)
     assert any(re.fullmatch(r".*x.* = \d+", f["equation"]) for f in linear)
-    quadratic = [sft_catalogue.sample_quadratic_any_form(rng) for _ in range(300)]
+    quadratic = [catalogue.sample_quadratic_any_form(rng) for _ in range(300)]
     leading = {match.group(1) for f in quadratic if (match := re.match(r"(-?\d+)\*x\*\*2 ", f["equation_code"]))}
     assert {"2", "-3"} <= leading
     assert any(f["equation"].endswith(" = 0") for f in quadratic)
@@ -258,7 +258,7 @@ def test_training_equations_take_every_form():
 
 
 def test_equation_programs_use_sympy_and_keep_both_sides():
-    equation = sft_catalogue.FAMILIES_BY_NAME["equation"]
+    equation = catalogue.FAMILIES_BY_NAME["equation"]
     for phrasing in equation.phrasings:
         for program in phrasing.computation.programs:
             assert "from sympy import" in program and "solve" in program
@@ -269,7 +269,7 @@ def test_splits_share_no_phrasing_and_no_problem(seed_seven):
     out_dir, manifest, _ = seed_seven
     train, heldout, rl = (read_jsonl(out_dir / name) for name in ("sft_train.jsonl", "heldout.jsonl", "rl_train.jsonl"))
     heldout_ids = set(manifest["heldout_phrasings"])
-    assert heldout_ids == set(sft_catalogue.heldout_phrasing_ids())
+    assert heldout_ids == set(catalogue.heldout_phrasing_ids())
     assert {row["phrasing"] for row in heldout} <= heldout_ids
     assert not {row["phrasing"] for row in train} & heldout_ids
     assert not {row["phrasing"] for row in rl} & heldout_ids
@@ -311,9 +311,9 @@ def test_same_seed_same_files_apart_from_execution_times(seed_seven, make_data):
     assert sorted(path.name for path in first_dir.iterdir()) == sorted(names)  # no temp files left
     for name in names:
         first, second = ((d / name).read_text(encoding="utf-8") for d in (first_dir, second_dir))
-        assert sft_data.EXECUTION_TIME.sub("", first) == sft_data.EXECUTION_TIME.sub("", second)
+        assert data.EXECUTION_TIME.sub("", first) == data.EXECUTION_TIME.sub("", second)
         if name != "manifest.json":
-            assert first_manifest["files"][name]["sha256"] == sft_data.content_sha256(first)
+            assert first_manifest["files"][name]["sha256"] == data.content_sha256(first)
     assert json.loads((first_dir / "manifest.json").read_text()) == first_manifest
     built = SMALL_COUNTS["n_train"] + SMALL_COUNTS["n_heldout"]
     assert progress[-1] == (built, built)

@@ -1,4 +1,4 @@
-"""The weight files an RL run shares with its engine (rl/weight_sync.py) do not outlive a killed trainer."""
+"""The weight files an RL run shares with its engine (rl/grpo/weight_sync.py) do not outlive a killed trainer."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from rstar.rl.weight_sync import remove_orphaned_weights
+from rstar.rl.grpo.weight_sync import remove_orphaned_weights
 
 
 def test_weights_of_a_trainer_that_is_gone_are_removed_and_a_live_ones_kept(tmp_path):

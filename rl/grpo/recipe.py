@@ -17,7 +17,7 @@
 
 A stage may also carry a `[stages.config]` table of GRPOConfig values for itself alone. Every stage's
 config is built when the recipe loads, so a wrong key or value fails before anything starts, with one
-line naming it. Shipped recipes live in `rl/recipes/` and can be named without a path.
+line naming it. Shipped recipes live in `rl/grpo/recipes/` and can be named without a path.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rstar.rl.config import GRPOConfig
+from rstar.rl.grpo.config import GRPOConfig
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rstar.rl.data import Problem
-from rstar.rl.downsample import Trace
+from rstar.rl.grpo.downsample import Trace
 from rstar.server.trajectory import ToolCallRecord, Trajectory
 
 

@@ -37,7 +37,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rstar.rl.sft_catalogue import FAMILIES, heldout_phrasing_ids, phrasing_by_id
+from rstar.rl.sft.catalogue import FAMILIES, heldout_phrasing_ids, phrasing_by_id
 from rstar.sandbox.clients import LocalClient
 from rstar.sandbox.settings import SandboxSettings
 from rstar.sandbox.tools import PYTHON_TOOL
@@ -177,6 +177,7 @@ def generate_problems(seed: int, count: int, split: str, *, stream: str = "sft",
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
+    # The stream name is part of every seed: it stays as first written, so a seed draws the problems it always drew.
     rng = random.Random(f"rstar.rl.sft_data/{stream}/{split}/{seed}")
     seen = set(avoid)
     examples = []

@@ -26,7 +26,7 @@ from rstar.rl.packing import Branch, Tree, common_prefix_length, pack
 from rstar.rl.plots import plot_run
 from rstar.rl.policy import LoraSpec, Policy, model_identity, resolve_compute_dtype
 from rstar.rl.runs import RunStore
-from rstar.rl.sft_encoding import EncodedConversation
+from rstar.rl.sft.encoding import EncodedConversation
 from rstar.rl.tensor_files import write_safetensors
 
 

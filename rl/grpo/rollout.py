@@ -18,9 +18,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rstar.rl.config import GRPOConfig
+from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.data import Problem
-from rstar.rl.samples import Sample
+from rstar.rl.grpo.samples import Sample
 from rstar.sandbox.clients import SandboxClient
 from rstar.sandbox.tools import BUILTIN_TOOLS, PYTHON_TOOL
 from rstar.server.agent_loop import LoopConfig, run_trajectory

@@ -2,7 +2,7 @@
 
 Defaults are the released run script's (microsoft/rStar @ ecbfb94, `examples/run_qwen3-14b_rstar2_agent_weave.sh`
 on verl's defaults); where the paper (arXiv 2508.20722) differs, its value is given in brackets. Recipes
-(`rl/recipes/*.toml`) override these per run and per stage; unknown keys are refused by name.
+(`rl/grpo/recipes/*.toml`) override these per run and per stage; unknown keys are refused by name.
 
 Not knobs, because the release has none of them: a KL term (`use_kl_loss=False`, no reference model), an
 entropy bonus (`entropy_coeff=0`), overlong filtering (truncated traces score 0 like any wrong answer),
@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rstar.rl.downsample import Mode
+from rstar.rl.grpo.downsample import Mode
 from rstar.sandbox.tools import ToolProtocol, TruncateSide
 
 
