@@ -11,6 +11,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -84,15 +85,6 @@ def ask(base_url: str, question: str) -> int:
     return completion.usage.completion_tokens
 
 
-def stream_text(base_url: str, prompt: str, max_tokens: int) -> str:
-    """Exactly max_tokens tokens, streamed; an error event mid-stream raises openai.APIError."""
-    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-    stream = client.completions.create(
-        model=DEFAULT_MODEL_NAME, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True, extra_body={"ignore_eos": True}
-    )
-    return "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
-
-
 def replicas(base_url: str) -> list[dict]:
     return httpx.get(f"{base_url}/health", timeout=10).json()["replicas"]
 
@@ -122,24 +114,61 @@ def vllm_samples(base_url: str, name: str) -> dict[str, float]:
     return totals
 
 
+class Streams:
+    """Long completions streamed on threads, each counting its chunks, so a test can act once all are under way
+    and end them once they have shown what they must, whatever the machine's speed."""
+
+    def __init__(self, base_url: str, count: int, max_tokens: int):
+        self.base_url, self.max_tokens = base_url, max_tokens
+        self.chunks = [0] * count
+        self.chunks_at_kill: list[int] | None = None
+        self.enough = threading.Event()  # set when the survivors have streamed on past the kill
+        self.pool = ThreadPoolExecutor(count)
+        self.futures = [self.pool.submit(self._stream, i) for i in range(count)]
+
+    def _stream(self, i: int) -> tuple[str, int]:
+        """("survived", chunks after the kill) once `enough` is set, or ("failed", message) on an error event."""
+        client = openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0)
+        try:
+            stream = client.completions.create(model=DEFAULT_MODEL_NAME, prompt=f"A long story about the number {i}:",
+                                               max_tokens=self.max_tokens, temperature=0, stream=True, extra_body={"ignore_eos": True})
+            with stream:
+                for chunk in stream:
+                    self.chunks[i] += bool(chunk.choices and chunk.choices[0].text)
+                    if self.enough.is_set():
+                        return "survived", self.chunks[i] - self.chunks_at_kill[i]
+            return "finished", self.chunks[i]  # the whole answer before the test was done with it: too short a stream
+        except openai.APIError as exc:
+            return "failed", str(exc)
+
+    def outcomes(self, timeout_s: float) -> list[tuple[str, int | str]]:
+        try:
+            return [future.result(timeout=timeout_s) for future in self.futures]
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
 def test_a_killed_replica_is_survived_and_comes_back(replicated_server):
     base_url, log_path, cluster = replicated_server
     victim = replicas(base_url)[0]["name"]
     cores_before = engine_cores(cluster)
-    with ThreadPoolExecutor(8) as pool:
-        load = [pool.submit(stream_text, base_url, f"A long story about the number {i}:", 160) for i in range(8)]
-        time.sleep(4)  # answers are streaming by now (about 10 tokens/s each on one core)
-        kill_actor(cluster, victim)
-        outcomes = []
-        for future in load:
-            try:
-                outcomes.append(("answered", future.result(timeout=120)))
-            except openai.APIError as exc:
-                outcomes.append(("failed", str(exc)))
-    failed = [message for kind, message in outcomes if kind == "failed"]
-    # Replica 0's share had streamed for seconds: those fail, naming it; replica 1's share is answered whole.
+    # Far more tokens than stream before the kill lands, so every stream is still going when it does.
+    streams = Streams(base_url, 8, max_tokens=1500)
+    wait_for(lambda: all(streams.chunks) and all(r["in_flight"] > 0 for r in replicas(base_url)), 120,
+             f"not every stream was under way on both replicas: {streams.chunks}, {replicas(base_url)}")
+    kill_actor(cluster, victim)
+    wait_for(lambda: not replicas(base_url)[0]["healthy"], 60, "replica 0 is still listed healthy after its actor was killed")
+    streams.chunks_at_kill = list(streams.chunks)
+    # The survivors' streams keep going: each shows 10 more chunks before the test ends them.
+    wait_for(lambda: sum(now - then >= 10 for now, then in zip(streams.chunks, streams.chunks_at_kill)) >= 1, 120,
+             f"no stream went on after the kill: {streams.chunks} vs {streams.chunks_at_kill}")
+    streams.enough.set()
+    outcomes = streams.outcomes(timeout_s=120)
+    failed = [detail for kind, detail in outcomes if kind == "failed"]
+    survived = [detail for kind, detail in outcomes if kind == "survived"]
+    # Replica 0's share had streamed when it died: those fail, naming it; replica 1's share streams on.
     assert failed and all("engine replica 0 failed after streaming" in message for message in failed), outcomes
-    assert sum(kind == "answered" for kind, _ in outcomes) >= 4, outcomes
+    assert survived and len(failed) + len(survived) == len(outcomes), outcomes
     assert ask(base_url, "Say hello.") > 0  # the survivor keeps answering while replica 0 restarts
 
     deadline = time.time() + 240
