@@ -35,8 +35,8 @@ from tool_use_bench import heldout_problems  # noqa: E402
 
 from rstar.config import EngineSettings, load_settings  # noqa: E402
 from rstar.hardware import cpu_info  # noqa: E402
-from rstar.rl.grpo.config import GRPOConfig  # noqa: E402
 from rstar.rl.data import Problem, problem_from_row  # noqa: E402
+from rstar.rl.grpo.config import GRPOConfig  # noqa: E402
 from rstar.rl.grpo.rollout import TOOLS, loop_config, prompt_messages, sample_seed  # noqa: E402
 from rstar.server.agent_loop import run_trajectory  # noqa: E402
 from rstar.server.builtin_tools import SandboxExecutor  # noqa: E402

@@ -27,12 +27,12 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from rstar.config import Settings
-from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.data import DataError, load_problems
+from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.recipe import Recipe, RecipeError, load_recipe, shipped_recipes
 from rstar.rl.grpo.rollout import RolloutEnv
-from rstar.rl.runs import RunConflict, RunStore, UnknownRun, new_run_id
 from rstar.rl.grpo.train import RunSpec, train_grpo
+from rstar.rl.runs import RunConflict, RunStore, UnknownRun, new_run_id
 from rstar.server.api import admin_key_guard
 from rstar.server.db import app_database
 from rstar.server.errors import APIError

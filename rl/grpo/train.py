@@ -23,17 +23,17 @@ from pathlib import Path
 import torch
 
 from rstar.rl.checkpoint import TrainerState, latest_checkpoint, prune_checkpoints, read_optimizer_state, read_state, write_checkpoint
-from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.data import Problem
+from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.downsample import Selection, downsample
-from rstar.rl.plots import plot_run
-from rstar.rl.policy import Policy, model_identity, resolve_compute_dtype
 from rstar.rl.grpo.recipe import Recipe
 from rstar.rl.grpo.rollout import TOOLS, RolloutEnv, generate, prompt_messages, reward
-from rstar.rl.runs import RunStore
 from rstar.rl.grpo.samples import Sample, is_tool_error
 from rstar.rl.grpo.trainer import GRPOTrainer, training_trees
 from rstar.rl.grpo.weight_sync import WeightSync
+from rstar.rl.plots import plot_run
+from rstar.rl.policy import Policy, model_identity, resolve_compute_dtype
+from rstar.rl.runs import RunStore
 
 Progress = Callable[[int, int, dict], None]
 

@@ -17,9 +17,9 @@ import torch
 
 from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.loss import group_advantages, policy_loss, token_mean, truncated_is_weights
+from rstar.rl.grpo.samples import Sample
 from rstar.rl.packing import Branch, ForwardBatch, Tree, pack
 from rstar.rl.policy import Policy
-from rstar.rl.grpo.samples import Sample
 
 
 def training_trees(kept: Sequence[Sequence[Sample]]) -> list[Tree]:

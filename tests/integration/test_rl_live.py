@@ -24,8 +24,8 @@ from rstar.orphan_guard import shared_memory_used
 from rstar.rl.data import Problem
 from rstar.rl.grpo.recipe import parse_recipe
 from rstar.rl.grpo.rollout import RolloutEnv
-from rstar.rl.runs import RunStore
 from rstar.rl.grpo.train import RunSpec, train_grpo
+from rstar.rl.runs import RunStore
 from rstar.sandbox.clients import LocalClient
 from rstar.sandbox.settings import SandboxSettings
 from rstar.server.chat_template import rstar_template

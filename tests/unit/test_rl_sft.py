@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from rstar.rl.sft.train import cosine_with_warmup, sft_trees, step_batches
 from rstar.rl.sft.encoding import ConversationError, encode_conversation, read_conversations
+from rstar.rl.sft.train import cosine_with_warmup, sft_trees, step_batches
 from rstar.sandbox.schemas import RunResult
 from rstar.sandbox.tools import PYTHON_TOOL
 from rstar.server.agent_loop import LoopConfig, run_trajectory

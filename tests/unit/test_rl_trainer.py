@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.data import Problem
+from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.downsample import Selection
-from rstar.rl.policy import Policy
 from rstar.rl.grpo.samples import Sample
 from rstar.rl.grpo.train import rollout_metrics
 from rstar.rl.grpo.trainer import GRPOTrainer, split_by_tokens, training_trees
 from rstar.rl.packing import Branch, Tree, pack
+from rstar.rl.policy import Policy
 from rstar.server.trajectory import Trajectory
 
 PROMPT = [5, 6, 7, 8]
