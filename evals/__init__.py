@@ -6,7 +6,7 @@ grade and store every sample, resumable), `report` (JSON, Markdown, plots) and `
     docs = bench.load(data_dir)          # data_dir=None: the benchmark's default source
 """
 
-from rstar.evals import bfcl, gpqa, ifeval, math_tasks  # noqa: F401  (each registers its benchmarks)
+from rstar.evals import bfcl, gpqa, gsm8k, ifeval, math_tasks  # noqa: F401  (each registers its benchmarks)
 from rstar.evals.data import DataUnavailable
 from rstar.evals.registry import (
     NATIVE_TEMPLATE,

@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rstar.config import load_settings
-from rstar.evals.registry import RSTAR_TEMPLATE
+from rstar.evals.registry import NATIVE_TEMPLATE, RSTAR_TEMPLATE
 
 app = typer.Typer(no_args_is_help=True, help="Benchmarks: AIME24/25, HMMT25, MATH-500, GPQA-Diamond, IFEval, BFCL v3.")
 console = Console(stderr=True)
@@ -166,6 +166,9 @@ def run_command(
     data_dir: Annotated[Optional[Path], typer.Option(help="Local benchmark data laid out like shared/data/; none: the Hugging Face sources.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Base of the per-sample seeds. [default: 0]")] = None,
     tool_timeout: Annotated[Optional[float], typer.Option(help="Seconds one Python execution may run (server's default if unset).")] = None,
+    template: Annotated[
+        Optional[str], typer.Option(help="rstar (rStar's system prompt and answer instruction, the Python tool offered) or native (the model's own template, no tool), for a base model on a math suite. [default: per benchmark]")
+    ] = None,
     answer_extraction: Annotated[
         Optional[str], typer.Option(help="How math answers are read: paper (\\boxed{} inside <answer>) or released (the released reward: whole response, tool output included, with its fallbacks). [default: paper]")
     ] = None,
@@ -180,7 +183,9 @@ def run_command(
 
     settings = load_settings(model=model if endpoint is None else None, api_key=api_key, database_url=database_url)
     store = RunStore(open_database(settings.resolved_database_url))
-    overrides = {"samples": samples, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "max_turns": max_turns}
+    overrides = {"samples": samples, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "max_turns": max_turns, "template": template}
+    if template is not None and template not in (RSTAR_TEMPLATE, NATIVE_TEMPLATE):
+        raise _fail(f"--template: {template!r} is not a template choice; use {RSTAR_TEMPLATE} or {NATIVE_TEMPLATE}")
     from rstar.evals.answers import extraction_error
 
     if answer_extraction is not None and (problem := extraction_error(answer_extraction)):

@@ -35,7 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "unit"))
 from evals_data import shared_data_dir  # noqa: E402
 
-SUITE = "aime24,aime25,hmmt25,gpqa_diamond,ifeval,bfcl_v3"
+SUITE = "aime24,aime25,hmmt25,gpqa_diamond,ifeval,bfcl_v3,gsm8k"
 MAX_TOKENS = 24
 SMALL = ["--samples", "1", "--max-tokens", str(MAX_TOKENS), "--max-turns", "2"]
 
@@ -66,7 +66,7 @@ def test_every_benchmark_runs_end_to_end_over_the_api(live_server, tmp_path):
     assert set(keys.values()) == {1}
     per_benchmark = Counter(benchmark for benchmark, *_ in keys)
     # --limit 2 takes two docs of each of BFCL's 17 categories
-    assert per_benchmark == {"aime24": 2, "aime25": 2, "hmmt_feb_2025": 2, "gpqa_diamond": 2, "ifeval": 2, "bfcl_v3": 34}
+    assert per_benchmark == {"aime24": 2, "aime25": 2, "hmmt_feb_2025": 2, "gpqa_diamond": 2, "ifeval": 2, "bfcl_v3": 34, "gsm8k": 2}
     refusals = Counter()
     for benchmark, doc_id, index, score, request, response, trajectory, tokens, turns in rows:
         request, response, trajectory = json.loads(request), json.loads(response), json.loads(trajectory)

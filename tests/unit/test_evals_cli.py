@@ -46,9 +46,9 @@ def test_suites_json_lists_every_benchmark_with_counts_readiness_and_paper_defau
     result = invoke("suites", "--data-dir", str(shared_data_dir()), "--json")
     assert result.exit_code == 0, result.output
     entries = {entry["name"]: entry for entry in json.loads(result.output)}
-    assert set(entries) == {"aime24", "aime25", "hmmt_feb_2025", "math500", "gpqa_diamond", "ifeval", "bfcl_v3"}
+    assert set(entries) == {"aime24", "aime25", "hmmt_feb_2025", "math500", "gpqa_diamond", "ifeval", "bfcl_v3", "gsm8k"}
     assert {name: e["data"]["docs"] for name, e in entries.items()} == {
-        "aime24": 30, "aime25": 30, "hmmt_feb_2025": 30, "math500": 500, "gpqa_diamond": 198, "ifeval": 541, "bfcl_v3": 4441,
+        "aime24": 30, "aime25": 30, "hmmt_feb_2025": 30, "math500": 500, "gpqa_diamond": 198, "ifeval": 541, "bfcl_v3": 4441, "gsm8k": 1319,
     }  # fmt: skip
     assert all(e["grader"] == {"ready": True, "problems": []} for e in entries.values())
     math500 = entries["math500"]
@@ -57,6 +57,7 @@ def test_suites_json_lists_every_benchmark_with_counts_readiness_and_paper_defau
     assert (entries["ifeval"]["defaults"]["max_tokens"], entries["ifeval"]["defaults"]["reasoning_max_tokens"]) == (1280, 1280 + 4096)
     assert math500["metric"] == "avg_pass_at_1" and math500["data"]["read_from"] == str(shared_data_dir().resolve())
     assert entries["ifeval"]["defaults"]["template"] == "native" and entries["ifeval"]["metric"] == "prompt_level_strict_acc"
+    assert entries["gsm8k"]["defaults"] == {"temperature": 0.0, "samples": 1, "max_turns": 5, "max_tokens": 2048, "template": "rstar", "reasoning_max_tokens": None}
 
 
 def test_suites_table_and_what_it_says_without_data_or_a_grader(tmp_path, monkeypatch):
@@ -97,6 +98,17 @@ def test_an_unknown_suite_is_one_line_naming_the_known_ones(database_url):
     line = one_line_error(invoke("run", "--suite", "aime24,mmlu", "--database-url", database_url), "unknown benchmark 'mmlu'", "math500", "rstar eval suites")
     assert "Usage:" not in line
     assert run_rows(database_url) == []
+
+
+def test_an_unknown_template_is_one_line_naming_the_choices(database_url):
+    one_line_error(invoke("run", "--suite", "gsm8k", "--template", "chatml", "--database-url", database_url), "--template", "'chatml'", "rstar or native")
+    assert run_rows(database_url) == []
+
+
+def test_template_overrides_every_benchmark_of_the_run():
+    planned = plan(["gsm8k", "ifeval"], {"template": "native", "max_tokens": None})
+    assert {name: sampling["template"] for name, sampling in planned.items()} == {"gsm8k": "native", "ifeval": "native"}
+    assert plan(["gsm8k"], {"template": None})["gsm8k"]["template"] == "rstar"
 
 
 def test_missing_data_stops_the_run_before_it_is_stored(database_url, tmp_path):

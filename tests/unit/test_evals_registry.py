@@ -11,10 +11,11 @@ from evals_data import REPO_ROOT, shared_data_dir
 
 from rstar.evals import NATIVE_TEMPLATE, REGISTRY, RSTAR_TEMPLATE, DataUnavailable, Prompt, get_benchmark
 
-ALL = {"aime24", "aime25", "hmmt_feb_2025", "math500", "gpqa_diamond", "ifeval", "bfcl_v3"}
+PAPER = {"aime24", "aime25", "hmmt_feb_2025", "math500", "gpqa_diamond", "ifeval", "bfcl_v3"}
+ALL = PAPER | {"gsm8k"}  # the word-problem yardstick small models report
 
 
-def test_every_paper_benchmark_is_registered():
+def test_every_paper_benchmark_and_gsm8k_is_registered():
     assert set(REGISTRY) == ALL
     assert all(REGISTRY[name].name == name for name in ALL)
     with pytest.raises(KeyError, match="unknown benchmark 'mmlu'.*aime24"):
@@ -42,7 +43,7 @@ def test_ifeval_and_bfcl_use_their_own_prompt_greedily(name):
 
 def test_every_benchmark_loads_from_the_shared_copy_and_builds_prompts():
     counts = {name: len(REGISTRY[name].load(shared_data_dir())) for name in ALL}
-    assert counts == {"aime24": 30, "aime25": 30, "hmmt_feb_2025": 30, "math500": 500, "gpqa_diamond": 198, "ifeval": 541, "bfcl_v3": 4441}
+    assert counts == {"aime24": 30, "aime25": 30, "hmmt_feb_2025": 30, "math500": 500, "gpqa_diamond": 198, "ifeval": 541, "bfcl_v3": 4441, "gsm8k": 1319}
     for name in ALL:
         doc = REGISTRY[name].load(shared_data_dir())[0]
         prompt = REGISTRY[name].build_prompt(doc, 0)
@@ -63,7 +64,7 @@ def test_missing_local_copy_names_the_paths_it_tried(tmp_path):
 
 @pytest.mark.parametrize(
     ("name", "hf_id"),
-    [("aime24", "HuggingFaceH4/aime_2024"), ("math500", "HuggingFaceH4/MATH-500"), ("gpqa_diamond", "Idavidrein/gpqa"), ("ifeval", "google/IFEval")],
+    [("aime24", "HuggingFaceH4/aime_2024"), ("math500", "HuggingFaceH4/MATH-500"), ("gpqa_diamond", "Idavidrein/gpqa"), ("ifeval", "google/IFEval"), ("gsm8k", "openai/gsm8k")],
 )
 def test_unreachable_hub_error_names_the_dataset_id_and_the_override(name, hf_id):
     # A fresh interpreter in offline mode: the datasets library reads the flag at import.
