@@ -337,22 +337,20 @@ class InProcessChatClient:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self.loop))
 
     async def _complete(self, messages: list[dict], tools: list[dict] | None, params: GenerationParams) -> Completion:
+        from rstar.sandbox.tools import ToolSettings
         from rstar.server.agent_loop import LoopConfig, run_trajectory
         from rstar.server.engine import SamplingOptions
         from rstar.server.model_store import default_tool_protocol
-        from rstar.server.tool_results import protocol_max_tool_response_chars
         from rstar.server.tool_calls import parse_tool_calls
 
         builtin = params.template == RSTAR_TEMPLATE
         listed = listed_tools(params.template, tools)
         # Client tools end the answer at the first turn that calls one; the calls are read from its text.
-        protocol = default_tool_protocol(self.engine.model_name)
         config = LoopConfig(
             max_turns=params.max_turns if builtin else 1,
             max_response_tokens=params.max_tokens,
             logprobs=False,
-            tool_protocol=protocol,
-            max_tool_response_chars=protocol_max_tool_response_chars(protocol),
+            tools=ToolSettings.of_protocol(default_tool_protocol(self.engine.model_name)),
         )
         sampling = SamplingOptions(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p, seed=params.seed)
         template = self.template(params.template)

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rstar.sandbox.tools import BUILTIN_TOOLS, JUPYTER_TOOL, ToolProtocol, TruncateSide
+from rstar.sandbox.tools import BUILTIN_TOOLS, JUPYTER_TOOL, ToolSettings
 from rstar.server.builtin_tools import CodeExecutor, run_builtin_call
 from rstar.server.chat_template import ChatTemplate, content_text
 from rstar.server.engine import SamplingOptions, TokenDelta, TokenEngine
@@ -43,13 +43,10 @@ class LoopConfig:
     # Calls executed per turn; later calls in the same turn are ignored, as in the released loop (1).
     max_parallel_calls: int = 1
     # Whose tool protocol the loop speaks (tool_results.py; docs/api.md compares them): the tool-turn
-    # tokens, the sandbox's result semantics and the answers to calls the released loop rejected.
-    # `improved` is the default here because every caller that knows its model passes its own choice.
-    tool_protocol: ToolProtocol = "improved"
-    # Second cut of an execution's result text (the sandbox already cuts stdout and stderr to 1000 chars
-    # each). None keeps it; the released loop's is 256, middle (tool_results.protocol_max_tool_response_chars).
-    max_tool_response_chars: int | None = None
-    truncate_side: TruncateSide = "middle"
+    # tokens, the sandbox's result semantics and the answers to calls the released loop rejected; and the
+    # second cut of an execution's result text (the sandbox already cuts stdout and stderr to 1000 chars
+    # each). `improved` is the default here because every caller that knows its model passes its own choice.
+    tools: ToolSettings = field(default_factory=lambda: ToolSettings.of_protocol("improved"))
     # Tools the API client declared: a call to one ends the loop with stop reason "tool_calls".
     client_tools: frozenset[str] = frozenset()
     # The API asks for these: each engine delta as a TokensSampled event, with the top k logprobs.
@@ -157,7 +154,7 @@ async def run_agent(
         logprobs=[] if config.logprobs else None,
         weight_version=engine.weight_version,
         model=engine.model_name,
-        tool_protocol=config.tool_protocol,
+        tool_protocol=config.tools.tool_protocol,
     )
     turn_end_ids = template.encode_text(template.turn_end.rstrip())
     jupyter_cells = prior_jupyter_cells(messages)
@@ -175,7 +172,7 @@ async def run_agent(
         trajectory.tool_calls += records
         next_call_index = len(parse_tool_calls(prefix))
         # The given message's turn end was not sampled, so the template supplies all of it.
-        tool_ids = tool_turn_ids(template, [record.response for record in records], "", config.tool_protocol)
+        tool_ids = tool_turn_ids(template, [record.response for record in records], "", config.tools.tool_protocol)
         _append(trajectory, tool_ids, mask=0, logprobs=[0.0] * len(tool_ids) if config.logprobs else None)
         prefix = None
 
@@ -247,7 +244,7 @@ async def run_agent(
         trajectory.tool_calls += records
 
         sampled_turn_end = template.turn_end.rstrip() if sampled.token_ids[-len(turn_end_ids) :] == turn_end_ids else ""
-        tool_ids = tool_turn_ids(template, [record.response for record in records], sampled_turn_end, config.tool_protocol)
+        tool_ids = tool_turn_ids(template, [record.response for record in records], sampled_turn_end, config.tools.tool_protocol)
         # As released: a tool turn that would use up the budget ends the trajectory instead (the model
         # would have no room to answer), and the last tokens stay the model's own.
         if len(trajectory.response_ids) + len(tool_ids) >= budget:
@@ -289,7 +286,7 @@ async def _run_calls(
         for call in calls:
             replay = list(jupyter_cells)
             enabled = _is_builtin(call, config.builtin_tools)
-            if enabled and call.arguments_error(config.tool_protocol) is None:
+            if enabled and call.arguments_error(config.tools.tool_protocol) is None:
                 yield ToolExecutionStarted(call.index, call.name, call.code)
                 if call.name == JUPYTER_TOOL:
                     jupyter_cells.append(call.code)
@@ -297,11 +294,7 @@ async def _run_calls(
                 # Switched off for this request: the model hears what an unknown tool gets.
                 jobs.append(asyncio.ensure_future(_unavailable(turn, call)))
                 continue
-            jobs.append(
-                asyncio.ensure_future(
-                    run_builtin_call(turn, call, executor, replay, config.max_tool_response_chars, config.truncate_side, config.tool_protocol)
-                )
-            )
+            jobs.append(asyncio.ensure_future(run_builtin_call(turn, call, executor, replay, config.tools)))
         for job in jobs:
             yield ToolResult(await job)
     finally:

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from rstar.sandbox.clients import SandboxClient
 from rstar.sandbox.schemas import RunRequest, RunResult
-from rstar.sandbox.tools import BUILTIN_TOOLS, JUPYTER_TOOL, PYTHON_TOOL, ToolProtocol, TruncateSide
+from rstar.sandbox.tools import BUILTIN_TOOLS, JUPYTER_TOOL, PYTHON_TOOL, ToolProtocol, ToolSettings
 from rstar.server.tool_calls import ToolCall
 from rstar.server.tool_results import decode_failure_text, execution_error_text, render_exec_result, truncate_response
 from rstar.server.trajectory import ToolCallRecord
@@ -103,16 +103,17 @@ async def run_builtin_call(
     call: ToolCall,
     executor: CodeExecutor,
     jupyter_cells: Sequence[str],
-    max_response_chars: int | None = None,
-    truncate_side: TruncateSide = "middle",
-    protocol: ToolProtocol = "improved",
+    tools: ToolSettings | None = None,
 ) -> ToolCallRecord:
     """Run one parsed call of assistant turn `turn` (a decode failure or unknown name short-circuits) and
     record its response and execution.
 
     jupyter_cells: the code of earlier `jupyter_code` calls in this conversation, replayed first.
+    tools: the protocol and the cut of the result text; default the improved protocol's.
     Only an execution's text is truncated; error messages are short and pass whole, as released.
     """
+    tools = tools or ToolSettings.of_protocol("improved")
+    protocol = tools.tool_protocol
     record, started_at = ToolCallRecord.of_call(turn, call), time.time()
     if call.decode_error is not None:
         return record.answer(decode_failure_text(call.decode_error), started_at)
@@ -127,5 +128,5 @@ async def run_builtin_call(
         result = await executor.execute(call.name, call.code, call.stdin, replay, protocol)
     except Exception as exc:  # the sandbox itself failed; the model is told, the trajectory goes on
         return record.answer(execution_error_text(str(exc)), started_at, time.perf_counter() - clock)
-    response = truncate_response(render_exec_result(result), max_response_chars, truncate_side)
+    response = truncate_response(render_exec_result(result), tools.max_tool_response_chars, tools.tool_response_truncate_side)
     return record.answer(response, started_at, time.perf_counter() - clock, result)

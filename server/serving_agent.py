@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstar.sandbox.tools import BUILTIN_TOOLS, PYTHON_TOOL
+from rstar.sandbox.tools import BUILTIN_TOOLS, PYTHON_TOOL, ToolSettings
 from rstar.server.agent_loop import Done, LoopConfig, LoopEvent, TokensSampled, ToolExecutionStarted, ToolResult, TurnStarted, run_agent
 from rstar.server.builtin_tools import SandboxExecutor, builtin_tool_schemas
 from rstar.server.chat_template import ChatTemplate, RenderTimeout, content_text
@@ -24,7 +24,6 @@ from rstar.server.schemas import ChatCompletionRequest, CodeCell
 from rstar.server.schemas_responses import ResponsesRequest
 from rstar.server.serving_base import ServingBase, merge, per_choice, render_timeout_error
 from rstar.server.tool_calls import CALL_CLOSE, CALL_OPEN, TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallEnded, ToolCallStarted
-from rstar.server.tool_results import protocol_max_tool_response_chars
 from rstar.server.trajectory import ToolCallRecord, Trajectory, openai_finish_reason
 
 
@@ -121,15 +120,13 @@ class AgentServing(ServingBase):
             raise APIError(400, f"max_turns may be at most {settings.max_turns_limit}", "max_turns")
         room = self.context_room(len(prompt.ids), request.token_limit)
         protocol = request.tool_protocol or serving.tool_protocol
-        cut = settings.max_tool_response_chars
         config = LoopConfig(
             max_turns=max_turns,
             max_response_tokens=request.token_limit,
             # One built-in call per turn under both protocols, as released (verl's max_parallel_calls=1); the
             # released loop had no client tools, so clients may get parallel calls of their own tools.
             max_parallel_calls=16 if prompt.client_tools else 1,
-            tool_protocol=protocol,
-            max_tool_response_chars=protocol_max_tool_response_chars(protocol) if cut is None else cut or None,
+            tools=ToolSettings.of_protocol(protocol, settings.max_tool_response_chars),
             client_tools=prompt.client_tools,
             builtin_tools=BUILTIN_TOOLS if prompt.builtin_tools else frozenset(),
             token_events=True,

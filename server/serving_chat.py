@@ -108,7 +108,7 @@ class ChatService(AgentServing):
             system_fingerprint=weights_fingerprint(ordered[0].trajectory.weight_version),
             conversation_id=conversation_id,
             prompt_token_ids=ordered[0].trajectory.prompt_ids if request.return_token_ids else None,
-            tool_protocol=plan.config.tool_protocol,
+            tool_protocol=plan.config.tools.tool_protocol,
         )
 
     # -- streaming ------------------------------------------------------------------------------------

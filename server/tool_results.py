@@ -23,15 +23,6 @@ from rstar.sandbox.schemas import RunResult, code_judge_reason
 from rstar.sandbox.tools import ToolProtocol, TruncateSide
 from rstar.server.chat_template import ChatTemplate
 
-# The released loop's second cut of a result text: verl's max_tool_response_length, left at its default.
-RELEASED_MAX_TOOL_RESPONSE_CHARS = 256
-
-
-def protocol_max_tool_response_chars(protocol: ToolProtocol) -> int | None:
-    """The second cut each protocol makes by default: 256 chars (middle) as released, none when improved."""
-    return RELEASED_MAX_TOOL_RESPONSE_CHARS if protocol == "released" else None
-
-
 def render_exec_result(result: RunResult) -> str:
     """`Tool call success|failure`, the failure reason (code-judge's), non-empty stdout and stderr, then the
     time the sandbox measured."""

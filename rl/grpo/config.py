@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from rstar.rl.grpo.downsample import Mode
-from rstar.sandbox.tools import ToolProtocol, TruncateSide
+from rstar.sandbox.tools import ToolSettings
 
 
-class GRPOConfig(BaseModel):
+class GRPOConfig(ToolSettings):
+    """The tool protocol and the cut of each tool result come from ToolSettings (its defaults are the
+    released ones): the rollouts' agent loop runs with exactly those."""
+
     model_config = ConfigDict(extra="forbid")
 
     # --- rollout
@@ -33,15 +36,6 @@ class GRPOConfig(BaseModel):
     max_turns: int = Field(5, ge=1, description="Assistant turns per trajectory (max_assistant_turns=5) [paper 10, 10, 15].")
     max_parallel_calls: int = Field(1, ge=1, description="Tool calls run per turn; later ones in a turn are ignored (verl max_parallel_calls=1).")
     builtin_tools: bool = Field(True, description="Offer the Python tool in rollouts (rStar2-Agent); off: plain GRPO on text answers, e.g. to compare with other trainers.")
-    max_tool_response_chars: int | None = Field(
-        256, description="Second cut of each tool result the model sees, after the sandbox's 1000 chars per stream (verl max_tool_response_length=256)."
-    )
-    tool_response_truncate_side: TruncateSide = Field("middle", description="Which part survives that cut (tool_response_truncate_side=middle).")
-    tool_protocol: ToolProtocol = Field(
-        "released",
-        description="Tool protocol of the rollouts (docs/api.md compares them): 'released' as rStar2-Agent's loop and code-judge; 'improved' "
-        "is what the embedded default model's delta was trained with (the cpu recipe keeps it).",
-    )
     tool_timeout_s: float = Field(4.0, gt=0, description="Wall-clock limit per tool call (code-judge MAX_EXECUTION_TIME=4 in rStar's README).")
     # --- reward
     reward_timeout_s: float = Field(10.0, gt=0, description="Answer checking runs in the sandbox under this limit; a check that hangs scores 0 and is logged.")

@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.data import Problem
+from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.samples import Sample
 from rstar.sandbox.clients import SandboxClient
 from rstar.sandbox.tools import BUILTIN_TOOLS, PYTHON_TOOL
@@ -58,9 +58,7 @@ def loop_config(config: GRPOConfig) -> LoopConfig:
         max_turns=config.max_turns,
         max_response_tokens=config.max_response_tokens,
         max_parallel_calls=config.max_parallel_calls,
-        max_tool_response_chars=config.max_tool_response_chars,
-        truncate_side=config.tool_response_truncate_side,
-        tool_protocol=config.tool_protocol,
+        tools=config.tool_settings(),
         logprobs=True,
     )
 

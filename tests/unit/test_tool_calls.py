@@ -11,7 +11,7 @@ import pytest
 from golden_files import check_json
 
 from rstar.sandbox.schemas import RunResult
-from rstar.sandbox.tools import JUPYTER_TOOL, PYTHON_TOOL, PYTHON_TOOL_PAPER_NAME
+from rstar.sandbox.tools import JUPYTER_TOOL, PYTHON_TOOL, PYTHON_TOOL_PAPER_NAME, ToolSettings
 from rstar.server.builtin_tools import run_builtin_call
 from rstar.server.tool_calls import (
     CALL_CLOSE,
@@ -212,10 +212,10 @@ def test_jupyter_replays_earlier_cells_and_ignores_stdin():
 
 def test_only_execution_text_is_truncated():
     long = ScriptedSandbox(stdout="9" * 500, duration_s=0.1)
-    run, _ = dispatch(TURNS["one_call"], long, max_response_chars=64, truncate_side="middle")
+    run, _ = dispatch(TURNS["one_call"], long, tools=ToolSettings(max_tool_response_chars=64, tool_response_truncate_side="middle"))
     assert run.response.startswith("Tool call success\nstdout: 9") and "...(truncated)..." in run.response
     assert run.response.endswith("execution time: 0.10s")
-    error, _ = dispatch(TURNS["unknown_tool"], max_response_chars=5)
+    error, _ = dispatch(TURNS["unknown_tool"], tools=ToolSettings(max_tool_response_chars=5))
     assert error.response == "Error when executing tool: 'WolframAlpha'"
 
 

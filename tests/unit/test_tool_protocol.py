@@ -9,14 +9,14 @@ import asyncio
 import pytest
 
 from rstar.config import load_settings
-from rstar.sandbox.tools import PYTHON_TOOL
+from rstar.sandbox.tools import PYTHON_TOOL, ToolSettings
 from rstar.server.agent_loop import LoopConfig, run_trajectory
 from rstar.server.builtin_tools import builtin_tool_schemas
 from rstar.server.chat_template import rstar_template
 from rstar.server.engine import SamplingOptions
 from rstar.server.model_store import default_tool_protocol
 from rstar.server.schemas import CodeCell
-from rstar.server.tool_results import protocol_max_tool_response_chars, tool_turn_ids, tool_turn_text
+from rstar.server.tool_results import tool_turn_ids, tool_turn_text
 from rstar.server.trajectory import Trajectory
 from tests.released_renders import released_renders
 from tests.scripted_engine import call, scripted_engine
@@ -65,9 +65,9 @@ def test_bridge_released_is_the_released_loop_suffix_and_improved_adds_one_newli
     assert tool_turn_ids(template, responses, "<|im_end|>", "improved")[1:] == released_ids
 
 
-def run(tokenizer, turns, protocol, sandbox=None, **config) -> tuple[Trajectory, ScriptedSandbox]:
+def run(tokenizer, turns, protocol, sandbox=None, max_tool_response_chars=None, **config) -> tuple[Trajectory, ScriptedSandbox]:
     sandbox = sandbox or scripted_sandbox({"print(2 + 3)": "5\n"})
-    loop = LoopConfig(tool_protocol=protocol, **config)
+    loop = LoopConfig(tools=ToolSettings(tool_protocol=protocol, max_tool_response_chars=max_tool_response_chars), **config)
     tools = builtin_tool_schemas([PYTHON_TOOL])
     trajectory = asyncio.run(run_trajectory(scripted_engine(tokenizer, turns), rstar_template(tokenizer), QUESTION, tools, SAMPLING, sandbox.executor(), loop))
     return trajectory, sandbox
@@ -121,9 +121,13 @@ def test_only_the_first_call_of_a_turn_runs(default_tokenizer, protocol):
 
 
 def test_second_cut_is_256_middle_under_released_and_none_under_improved(default_tokenizer):
-    assert (protocol_max_tool_response_chars("released"), protocol_max_tool_response_chars("improved")) == (256, None)
+    released, improved = ToolSettings.of_protocol("released"), ToolSettings.of_protocol("improved")
+    assert (released.max_tool_response_chars, improved.max_tool_response_chars) == (256, None)
+    # The server's setting overrides the protocol's cut; 0 keeps every result whole.
+    assert [ToolSettings.of_protocol("improved", chars).max_tool_response_chars for chars in (100, 0)] == [100, None]
+    assert ToolSettings.of_protocol("released", 0).max_tool_response_chars is None
     long = "".join(f"{i:04d}\n" for i in range(200))
-    trajectory, _ = run(default_tokenizer, ONE_CALL, "released", scripted_sandbox({"print(2 + 3)": long}), max_tool_response_chars=protocol_max_tool_response_chars("released"))
+    trajectory, _ = run(default_tokenizer, ONE_CALL, "released", scripted_sandbox({"print(2 + 3)": long}), max_tool_response_chars=released.max_tool_response_chars)
     response = trajectory.tool_calls[0].response
     whole = f"Tool call success\nstdout: {long}\nexecution time: 0.25s"
     assert response == whole[:128] + "...(truncated)..." + whole[-128:]
