@@ -74,7 +74,15 @@ class ApiSettings(BaseModel):
     )
     queue_timeout_s: float = Field(60.0, description="A request that waited this long for a running slot is answered 429.")
     request_timeout_s: float = Field(
-        1800.0, description="Wall-clock limit of one request, tool turns included; a non-stream request then gets 504, a stream an error event."
+        1800.0,
+        description="Wall-clock limit of one request, tool turns included; a non-stream request then gets 504, a stream an error event. "
+        "A stream ends by then whether or not its client reads.",
+    )
+    write_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest a stream waits for its client to take the next bytes; a client that stops reading for longer has "
+        "its generation stopped and its admission slots returned, and gets no more bytes.",
     )
     retry_after_s: int = Field(2, description="Retry-After header sent with 429.")
     rl_share: float = Field(

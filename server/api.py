@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -16,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import rstar
 from rstar.asgi import ClientDisconnected, cancel_on_disconnect
@@ -28,7 +29,7 @@ from rstar.server.conversations import ConversationStore
 from rstar.server.db import close_database, open_database
 from rstar.server.engine import EngineFailed, TokenEngine
 from rstar.server.errors import APIError, error_body, install_error_handlers
-from rstar.server.limits import Admission, AdmittedStream, BodySizeLimit
+from rstar.server.limits import Admission, AdmittedStream, BodySizeLimit, RequestTimeout
 from rstar.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
 from rstar.server.model_store import default_tool_protocol
 from rstar.server.replicas import ReplicatedEngine
@@ -261,33 +262,80 @@ async def _unless_disconnected(request: Request, work: Awaitable):
 
 
 def _event_stream(request: Request, events: AdmittedStream) -> StreamingResponse:
-    return _EventStream(events, request.app.state.serving.metrics)
+    serving: Serving = request.app.state.serving
+    return _EventStream(events, serving.metrics, serving.settings.api.request_timeout_s, serving.settings.api.write_timeout_s)
 
 
 class _EventStream(StreamingResponse):
-    """An SSE response that closes its events however it ends, releasing what they hold."""
+    """An SSE response that holds its generations and admission slots no longer than the request's deadline,
+    whether or not its client reads, and closes its events however it ends.
 
-    def __init__(self, events: AdmittedStream, metrics: ServerMetrics):
-        self.events = events
-        super().__init__(_guard_stream(events, metrics), media_type="text/event-stream")
+    Between events the events keep the deadline themselves (and end with an error event). While a write
+    waits, this does: uvicorn's `send` waits as long as the socket's buffers are full, which for a client
+    that stopped reading is forever. A write waits at most `write_timeout_s`, and one begun before the
+    deadline no later than the deadline."""
+
+    def __init__(self, events: AdmittedStream, metrics: ServerMetrics, timeout_s: float, write_timeout_s: float):
+        self.events, self.metrics = events, metrics
+        self.timeout_s, self.write_timeout_s = timeout_s, write_timeout_s
+        self.deadline = asyncio.get_running_loop().time() + timeout_s
+        self.ended = False  # the last byte went out, or the server cut the stream; not the client leaving
+        super().__init__(_guard_stream(events), media_type="text/event-stream")
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self.events.aclose()
+            if not self.ended:
+                self.metrics.client_disconnects.inc()
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(functools.partial(self._write, send))
+        except _WriteTimeout as stalled:
+            # Now, not whenever the client reads again: the generations stop and the slots return.
+            await self.events.aclose()
+            if stalled.at_deadline:
+                await self._tell_deadline(send)
+            else:
+                log.warning("a stream's client took no bytes for %g s (api.write_timeout_s); the stream is cut", self.write_timeout_s)
+        self.ended = True
+
+    async def _tell_deadline(self, send: Send) -> None:
+        """The error event a reading client gets at the deadline, if this one takes it in time."""
+        event = sse_error(RequestTimeout(self.timeout_s).message, 504).encode()
+        try:
+            await self._write(send, {"type": "http.response.body", "body": event, "more_body": True})
+            await self._write(send, {"type": "http.response.body", "body": b"", "more_body": False})
+        except _WriteTimeout:
+            log.warning("a stream's client took no bytes at the request's deadline; the stream is cut")
+
+    async def _write(self, send: Send, message: Message) -> None:
+        now = asyncio.get_running_loop().time()
+        at_deadline = now < self.deadline < now + self.write_timeout_s
+        try:
+            async with asyncio.timeout_at(self.deadline if at_deadline else now + self.write_timeout_s):
+                await send(message)
+        except TimeoutError:
+            raise _WriteTimeout(at_deadline) from None
 
 
-async def _guard_stream(events: AsyncIterator[str], metrics: ServerMetrics) -> AsyncIterator[str]:
+class _WriteTimeout(Exception):
+    """A write the client did not take in time; `at_deadline`: the request's deadline cut it."""
+
+    def __init__(self, at_deadline: bool):
+        super().__init__()
+        self.at_deadline = at_deadline
+
+
+async def _guard_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
     """Once the 200 and the first bytes are out, an error can only travel as an SSE event. A client that
     leaves closes this generator, and closing `events` aborts the generations and tool runs behind it."""
     try:
         async with contextlib.aclosing(events):
             async for event in events:
                 yield event
-    except (GeneratorExit, asyncio.CancelledError):
-        metrics.client_disconnects.inc()
-        raise
     except APIError as exc:  # a limit reached mid-stream (the request timeout)
         yield sse_error(exc.message, exc.status)
     except EngineFailed as exc:

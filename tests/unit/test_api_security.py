@@ -3,14 +3,23 @@ without the key. On a scripted engine and sandbox (the live-server check is test
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
+from rstar.config import load_settings
+from rstar.server.api import create_app
+from tests.processes import serve_in_thread
+from tests.scripted_engine import ScriptedEngine
+from tests.scripted_sandbox import ScriptedSandbox
 from tests.unit.api_server import make_server  # noqa: F401 (fixture)
+from tests.waiting import wait_for
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 # About 5 s of rendering per pass on this machine: a render on the event loop would hold /health that long,
@@ -126,3 +135,68 @@ def test_the_conversation_list_and_export_need_the_admin_key_when_there_is_one(m
         assert http.get(path, headers=admin).status_code == 200, path
     listed = http.get("/v1/conversations", headers=admin).json()["data"]
     assert http.get(f"/v1/conversations/{listed[0]['id']}", headers=chat).status_code == 200  # its id is what the client was given
+
+
+# -- streams whose client does not read ----------------------------------------------------------------
+# Starlette's TestClient hands each body chunk over only when the client reads it: a client that reads
+# nothing leaves the server waiting in `send`, as a socket whose buffers filled up does under uvicorn.
+
+
+def _running(http) -> int:
+    return http.get("/health").json()["admission"]["running"]
+
+
+def _seconds_until_slots_return(http, limit_s: float) -> float:
+    started = time.monotonic()
+    while _running(http):
+        assert time.monotonic() - started < limit_s, f"the stream still holds its slots after {limit_s:g} s"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_a_stream_whose_client_never_reads_gives_its_slots_back_at_the_deadline(make_server):
+    _, http, engine, _ = make_server(replies=("slow " * 500,), api={"request_timeout_s": 1.0, "write_timeout_s": 5.0})
+    body = {"model": "scripted", "messages": QUESTION, "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200 and _running(http) == 1
+        assert _seconds_until_slots_return(http, 4.0) < 1.5  # the deadline, not the 5 s write timeout
+        assert engine.stats().unfinished == 0
+        # A client that reads again in time hears of the deadline as one that kept reading would.
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert "did not finish within 1 s" in json.loads(events[-1])["error"]["message"]
+    assert "rstar_client_disconnects_total 0.0" in http.get("/metrics").text
+
+
+def test_a_stream_whose_client_stops_reading_is_cut_after_the_write_timeout(make_server):
+    _, http, engine, _ = make_server(replies=("slow " * 500,), api={"request_timeout_s": 600.0, "write_timeout_s": 0.5})
+    engine.token_delay_s = 0.002
+    body = {"model": "scripted", "prompt": "Count:", "max_tokens": 500, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        next(lines)  # it reads a little, then stops (the iterator kept: closing it would close the connection)
+        assert _running(http) == 1
+        assert 0.4 < _seconds_until_slots_return(http, 4.0) < 2.0
+        assert engine.stats().unfinished == 0 and len(engine.aborted) == 1
+    assert "rstar_client_disconnects_total 0.0" in http.get("/metrics").text  # cut by the server: the client stayed
+
+
+def test_under_uvicorn_a_stream_whose_socket_fills_up_gives_its_slots_back_at_the_deadline(tmp_path, default_tokenizer):
+    """The same on a real socket: uvicorn's `send` waits once the socket's buffers are full."""
+    settings = load_settings(data_dir=tmp_path, api={"request_timeout_s": 1.5})
+    word = default_tokenizer.encode(" " + "x" * 60, add_special_tokens=False)
+    engine = ScriptedEngine(default_tokenizer, [word * 400_000], max_model_len=10**8, tokens_per_delta=2000)  # far more than the buffers hold
+
+    async def factory():
+        return engine
+
+    url, stop = serve_in_thread(create_app(settings, factory, "scripted", sandbox_factory=ScriptedSandbox))
+    try:
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as silent:
+            body = json.dumps({"model": "scripted", "prompt": [1, 2, 3], "max_tokens": 10**7, "stream": True}).encode()
+            head = f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            silent.sendall(head.encode() + body)  # and never reads
+            started = time.monotonic()
+            wait_for(lambda: httpx.get(f"{url}/health").json()["admission"]["running"] == 0, 10, "the stream still holds its slot")
+            assert time.monotonic() - started < 4 and len(engine.aborted) == 1
+    finally:
+        stop()
