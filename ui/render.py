@@ -1,8 +1,9 @@
-"""Pure rendering: code cells, assistant turns, trajectories and score tables as Markdown / chat messages.
+"""Pure rendering: code cells, assistant turns, final answers, trajectories and score tables as Markdown / chat
+messages.
 
 No Gradio and no HTTP here, so every shape the page shows is unit-tested on plain data. Chat messages are
 the dicts `gr.Chatbot` takes: a message with `metadata.title` renders as a collapsible block (used for the
-reasoning); code cells and answers are plain messages so they stay in view.
+reasoning and the raw answer); code cells and answers are plain messages so they stay in view.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ STATUS_LABELS = {
 # runaway print cannot push the conversation off the screen.
 MAX_LINES = 20
 MAX_CHARS = 2000
+
+# Marks on a cell's and a note's message for the page's stylesheet (ui/app.py): Gradio gives every message a copy
+# button and every code block another, and the page keeps one per cell (its code's) and one per answer.
+CELL_CLASS = "chat-cell"
+NOTE_CLASS = "chat-note"
 
 # Stored/streamed text may still carry the raw call the model wrote; the cell shows it instead.
 _TOOL_CALL = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.DOTALL)
@@ -64,7 +70,7 @@ def cell_title(cell: dict[str, Any]) -> str:
 
 def cell_markdown(cell: dict[str, Any]) -> str:
     """A code cell: title line, highlighted code, then stdout/stderr once it has them."""
-    blocks = [f"**{cell_title(cell)}**", fence(cell.get("code") or "", "python")]
+    blocks = [f'<span class="{CELL_CLASS}">**{cell_title(cell)}**</span>', fence(cell.get("code") or "", "python")]
     for stream in ("stdout", "stderr"):
         if cell.get(stream):
             blocks.append(f"*{stream}*\n\n{output_block(cell[stream])}")
@@ -77,6 +83,132 @@ def strip_tool_calls(text: str) -> str:
     return _TOOL_CALL.sub("", text)
 
 
+# -- math and the final answer ----------------------------------------------------------------------
+
+# The model ends with <answer>...</answer> around its final answer and writes the result as \boxed{...} with
+# no math delimiters, which the chat's KaTeX only renders between delimiters.
+_ANSWER_TAG = re.compile(r"</?answer>")
+_BOXED = "\\boxed{"
+# Opening and closing math delimiters the chat renders (ui/chat.py's LATEX_DELIMITERS).
+_MATH_DELIMITERS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
+
+
+def _closing_brace(text: str, start: int) -> int:
+    """The index just past the brace that closes the one at `start`, or -1 when it is not closed (yet).
+    A backslash escapes the character after it, so `\\{` and `\\}` do not count."""
+    depth, index = 0, start
+    while index < len(text):
+        char = text[index]
+        if char == "\\":
+            index += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return index + 1
+        index += 1
+    return -1
+
+
+def _find_unescaped(text: str, token: str, start: int) -> int:
+    """Where `token` next occurs from `start` outside a backslash escape (`\$` is a dollar sign), or -1."""
+    index = text.find(token, start)
+    while index >= 0:
+        backslashes = 0
+        while index - backslashes > 0 and text[index - backslashes - 1] == "\\":
+            backslashes += 1
+        if backslashes % 2 == 0:
+            return index
+        index = text.find(token, index + 1)
+    return -1
+
+
+# What can start a span to leave alone (code, math), a box, or an escape, which the scan jumps between.
+_NOTABLE = re.compile(r"`+|\$\$?|\\boxed\{|\\.", re.DOTALL)
+
+
+def _span_end(text: str, found: re.Match) -> int:
+    """Past the end of the code or math span `found` opens (shown as is), or -1 when it opens none: a fence
+    runs to its closing fence (or the end, while it streams), inline code to the same run of backticks, math
+    to its closing delimiter (a lone `$` is text, as KaTeX reads it)."""
+    token, index = found.group(), found.start()
+    if token.startswith("`"):
+        if len(token) >= 3 and (index == 0 or text[index - 1] == "\n"):
+            closing = text.find("\n" + token, found.end())
+            return len(text) if closing < 0 else closing + 1 + len(token)
+        closing = text.find(token, found.end())
+        return -1 if closing < 0 else closing + len(token)
+    for left, right in _MATH_DELIMITERS:
+        if token == left:
+            closing = _find_unescaped(text, right, found.end())
+            return -1 if closing < 0 else closing + len(right)
+    return -1
+
+
+def math_boxes(text: str) -> str:
+    """`text` with every complete `\\boxed{...}` outside math and code put between `$...$`, so the chat renders it
+    as math; boxes already inside math, inside code, or not closed yet (still streaming) stay as they are."""
+    if _BOXED not in text:  # most text: reasoning is re-rendered many times a second while it streams
+        return text
+    out, copied = [], 0
+    found = _NOTABLE.search(text)
+    while found:
+        resume = found.end()
+        if found.group() == _BOXED:
+            end = _closing_brace(text, found.end() - 1)
+            if end < 0:
+                break
+            out += [text[copied : found.start()], "$", text[found.start() : end], "$"]
+            resume = copied = end
+        elif (end := _span_end(text, found)) >= 0:
+            resume = end
+        found = _NOTABLE.search(text, resume)
+    return "".join(out) + text[copied:]
+
+
+def _box_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of every complete `\\boxed{...}` in `text`, in order."""
+    spans, index = [], text.find(_BOXED)
+    while index >= 0:
+        end = _closing_brace(text, index + len(_BOXED) - 1)
+        if end < 0:
+            break
+        spans.append((index, end))
+        index = text.find(_BOXED, end)
+    return spans
+
+
+def boxed_values(text: str) -> list[str]:
+    """What every complete `\\boxed{...}` in `text` holds, in order (nested braces kept whole)."""
+    return [text[start + len(_BOXED) : end - 1] for start, end in _box_spans(text)]
+
+
+def _without_answer_tags(text: str, streaming: bool) -> str:
+    text = _ANSWER_TAG.sub("", text)
+    if streaming:  # a tag still arriving ("<ans") is not shown for the moment it takes to complete
+        cut = text.rfind("<")
+        if cut >= 0 and any(tag.startswith(text[cut:]) for tag in ("<answer>", "</answer>")):
+            text = text[:cut]
+    return text.strip()
+
+
+def answer_markdown(text: str, streaming: bool = False) -> str:
+    """The final answer as the chat shows it: the <answer> tags gone, boxes rendered as math, and the boxed
+    values first, as the answer line; the words around them follow unless the boxes were all there was."""
+    shown = _without_answer_tags(text, streaming)
+    values = boxed_values(shown)
+    if not values:
+        return math_boxes(shown)
+    line = "**Answer:** $" + ", ".join(f"\\boxed{{{value}}}" for value in values) + "$"
+    ends = [0] + [end for _, end in _box_spans(shown)]
+    starts = [start for start, _ in _box_spans(shown)] + [len(shown)]
+    if not any(char.isalnum() for end, start in zip(ends, starts) for char in shown[end:start]):
+        return line
+    return f"{line}\n\n{math_boxes(shown)}"
+
+
 @dataclass
 class AssistantTurn:
     """One assistant answer as it streams in: reasoning, code cells and the answer, in arrival order."""
@@ -84,6 +216,7 @@ class AssistantTurn:
     segments: list[list[Any]] = field(default_factory=list)  # ["reasoning"|"answer", text] or ["cell", dict]
     finish_reason: str | None = None
     error: str | None = None
+    stopped: bool = False  # the person stopped it
 
     def _append_text(self, kind: str, text: str) -> None:
         if not text:
@@ -132,8 +265,15 @@ class AssistantTurn:
         return turn
 
 
+def _note(text: str) -> dict[str, Any]:
+    """A line about the answer (stopped, cut off, failed) rather than part of it."""
+    return {"role": "assistant", "content": f'<span class="{NOTE_CLASS}">{text}</span>'}
+
+
 def turn_messages(turn: AssistantTurn, streaming: bool = False) -> list[dict[str, Any]]:
-    """Chat messages for one assistant turn. While streaming, the last reasoning block shows as in progress."""
+    """Chat messages for one assistant turn, in arrival order: reasoning (folded once it has ended), code cells,
+    the answer (`answer_markdown`), then once the turn has ended the raw answer, folded, where it differs from
+    what is shown, and what ended it when that was not the model (a stop, the token limit, an error)."""
     messages = []
     for position, (kind, value) in enumerate(turn.segments):
         if kind == "cell":
@@ -142,15 +282,20 @@ def turn_messages(turn: AssistantTurn, streaming: bool = False) -> list[dict[str
         text = strip_tool_calls(value).strip()
         if not text:
             continue
+        live = streaming and position == len(turn.segments) - 1
         if kind == "reasoning":
-            live = streaming and position == len(turn.segments) - 1
-            messages.append({"role": "assistant", "content": text, "metadata": {"title": "Reasoning", "status": "pending" if live else "done"}})
+            messages.append({"role": "assistant", "content": math_boxes(text), "metadata": {"title": "Reasoning", "status": "pending" if live else "done"}})
         else:
-            messages.append({"role": "assistant", "content": text})
+            messages.append({"role": "assistant", "content": answer_markdown(text, streaming=live)})
+    raw = strip_tool_calls(turn.content).strip()
+    if not streaming and raw and answer_markdown(raw) != raw:
+        messages.append({"role": "assistant", "content": fence(raw), "metadata": {"title": "Raw answer", "status": "done"}})
+    if turn.stopped:
+        messages.append(_note("■ stopped"))
     if turn.finish_reason == "length":
-        messages.append({"role": "assistant", "content": "*(cut off: the max-tokens limit was reached)*"})
+        messages.append(_note("*(cut off: the max-tokens limit was reached)*"))
     if turn.error:
-        messages.append({"role": "assistant", "content": f"⚠ {turn.error}"})
+        messages.append(_note(f"⚠ {turn.error}"))
     if streaming and not messages:
         messages.append({"role": "assistant", "content": "…"})
     return messages
@@ -211,7 +356,7 @@ def sample_messages(sample: dict[str, Any]) -> list[dict[str, Any]]:
         shown += turn_messages(trajectory_turn(sample["trajectory"], sample.get("code_cells") or []))
     elif sample.get("response") is not None:
         response = sample["response"]
-        shown.append({"role": "assistant", "content": response if isinstance(response, str) else fence(json.dumps(response, indent=2), "json")})
+        shown.append({"role": "assistant", "content": answer_markdown(response) if isinstance(response, str) else fence(json.dumps(response, indent=2), "json")})
     verdict = "✓ correct" if sample.get("score", 0) >= 1 else ("✗ wrong" if sample.get("score", 0) <= 0 else f"score {sample['score']:.2f}")
     grade = fence(json.dumps(sample.get("grade") or {}, indent=2, ensure_ascii=False), "json")
     shown.append({"role": "assistant", "content": f"**Grade: {verdict}**\n\n{grade}"})

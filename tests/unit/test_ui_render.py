@@ -13,9 +13,12 @@ from fastapi.testclient import TestClient
 from rstar.server.db import close_database, open_database
 from rstar.ui.render import (
     AssistantTurn,
+    answer_markdown,
+    boxed_values,
     cell_markdown,
     conversation_messages,
     fence,
+    math_boxes,
     output_block,
     sample_messages,
     scores_caption,
@@ -113,7 +116,75 @@ def test_raw_tool_calls_in_text_are_left_to_the_cell_and_errors_and_cuts_are_sai
     turn.finish_reason = "length"
     messages = turn_messages(turn)
     assert messages[0]["content"] == "Run it."
-    assert "max-tokens" in messages[1]["content"] and messages[2]["content"] == "⚠ Cannot reach the server"
+    assert "max-tokens" in messages[1]["content"] and "⚠ Cannot reach the server" in messages[2]["content"]
+
+
+# (what the model wrote, what the chat is sent): a box outside math and code goes between $...$, which the chat's
+# KaTeX renders; everything else stays as written.
+MATH_BOXES = [
+    (r"has \boxed{512} loaves", r"has $\boxed{512}$ loaves"),
+    (r"so \boxed{\frac{1}{2}}.", r"so $\boxed{\frac{1}{2}}$."),  # nested braces
+    (r"\boxed{\{1, 2\}}", r"$\boxed{\{1, 2\}}$"),  # escaped braces are not the box's
+    (r"\boxed{3} or \boxed{x^{2}}", r"$\boxed{3}$ or $\boxed{x^{2}}$"),
+    (r"$\boxed{3}$, \(\boxed{4}\), \[\boxed{5}\] and $$\boxed{6}$$", None),  # already math
+    (r"$\boxed{\$5}$ then \boxed{6}", r"$\boxed{\$5}$ then $\boxed{6}$"),  # an escaped $ does not end math
+    ("`\\boxed{1}` and\n```\n\\boxed{2}\n```\n\\boxed{3}", "`\\boxed{1}` and\n```\n\\boxed{2}\n```\n$\\boxed{3}$"),  # code
+    (r"almost \boxed{\frac{1}{2", None),  # not closed yet: streaming
+    ("no box at all, $x$ stays", None),
+]
+
+
+@pytest.mark.parametrize("written, sent", MATH_BOXES)
+def test_boxes_become_math_wherever_they_are_outside_math_and_code(written, sent):
+    assert math_boxes(written) == (written if sent is None else sent)
+
+
+def test_boxed_values_keep_nested_braces_whole_and_skip_an_unclosed_box():
+    assert boxed_values(r"\boxed{\frac{1}{2}} and \boxed{a\}b} then \boxed{open") == [r"\frac{1}{2}", r"a\}b"]
+    assert boxed_values("nothing boxed") == []
+
+
+# (the answer as written, as the chat shows it): tags gone, the boxed values first as the answer line, the words
+# after it unless the boxes were all there was.
+ANSWERS = [
+    ("<answer> The bakery still has \\boxed{512} loaves. </answer>", "**Answer:** $\\boxed{512}$\n\nThe bakery still has $\\boxed{512}$ loaves."),
+    ("<answer>\\boxed{\\frac{1}{2}}.</answer>", "**Answer:** $\\boxed{\\frac{1}{2}}$"),
+    ("x = \\boxed{2} and y = \\boxed{3}", "**Answer:** $\\boxed{2}, \\boxed{3}$\n\nx = $\\boxed{2}$ and y = $\\boxed{3}$"),
+    ("<answer>It is 42, as 6 < 7.</answer>", "It is 42, as 6 < 7."),
+]
+
+
+@pytest.mark.parametrize("written, shown", ANSWERS)
+def test_the_answer_shows_without_tags_and_leads_with_its_boxed_values(written, shown):
+    assert answer_markdown(written) == shown
+
+
+def test_a_streaming_answer_hides_its_tags_even_unclosed_or_half_arrived():
+    assert answer_markdown("<answer> The bakery still has \\boxed{51", streaming=True) == "The bakery still has \\boxed{51"
+    assert answer_markdown("<answer> It is 42 </ans", streaming=True) == "It is 42"
+    assert answer_markdown("<answer> It is 42 <", streaming=True) == "It is 42"
+    assert answer_markdown("<answer> a < b", streaming=True) == "a < b"  # not a tag's start
+
+
+def test_an_ended_turn_shows_the_rendered_answer_then_the_raw_one_folded():
+    turn = AssistantTurn()
+    turn.add_reasoning("It is \\boxed{512}, I think.")
+    turn.add_content("<answer> The bakery still has \\boxed{512} loaves. </answer>")
+    streaming = turn_messages(turn, streaming=True)
+    assert [m["content"] for m in streaming] == ["It is $\\boxed{512}$, I think.", ANSWERS[0][1]]  # no raw block yet
+    reasoning, answer, raw = turn_messages(turn)
+    assert reasoning["metadata"] == {"title": "Reasoning", "status": "done"} and answer == {"role": "assistant", "content": ANSWERS[0][1]}
+    assert raw == {"role": "assistant", "content": fence(ANSWERS[0][0]), "metadata": {"title": "Raw answer", "status": "done"}}
+    plain = AssistantTurn()
+    plain.add_content("Just words.")
+    assert turn_messages(plain) == [{"role": "assistant", "content": "Just words."}]  # nothing raw to add
+
+
+def test_a_stopped_turn_says_so_after_what_it_had():
+    turn = AssistantTurn(stopped=True)
+    turn.add_reasoning("Let me")
+    messages = turn_messages(turn)
+    assert messages[0]["content"] == "Let me" and "■ stopped" in messages[-1]["content"] and len(messages) == 2
 
 
 def test_a_stored_conversation_renders_reasoning_cells_then_the_answer():
@@ -159,6 +230,9 @@ def test_sample_drill_down_shows_prompt_trajectory_and_grade(written):
     assert any("Python cell 1 · ✓ ok" in m["content"] for m in shown)
     assert shown[-1]["content"].startswith("**Grade: ✓ correct**") and f'"predicted": "{run.right_doc["answer"]}"' in shown[-1]["content"]
     wrong = sample_messages(samples[str(run.wrong_doc["id"])])
+    answer = next(m["content"] for m in shown if m["content"].startswith("**Answer:**"))
+    assert answer == f"**Answer:** $\\boxed{{{run.right_doc['answer']}}}$" and not any("<answer>" in m["content"] for m in shown if "metadata" not in m)
+    assert any(m.get("metadata", {}).get("title") == "Raw answer" and "<answer>" in m["content"] for m in shown)
     assert "✗ wrong" in wrong[-1]["content"] and not any("Python cell" in m["content"] for m in wrong)
     # A sample stored without a trajectory shows its response instead.
     bare = sample_messages({**samples[str(run.wrong_doc["id"])], "trajectory": None, "response": "The answer is 12."})
