@@ -97,6 +97,15 @@ class ApiSettings(BaseModel):
         None, description="'rstar', 'model' or a jinja file; default: the rStar template for rStar models and tokenizers without one, else the model's own."
     )
     sandbox_url: str | None = Field(None, description="A `rstar sandbox serve` to run model code in; default: an in-process sandbox pool.")
+    max_tool_timeout_s: float = Field(
+        30.0, gt=0, description="Largest tool_timeout a request may ask for (400 past it, or past sandbox.max_timeout_s where that is lower)."
+    )
+    sandbox_cells_per_request: int = Field(
+        1,
+        ge=1,
+        description="Built-in tool calls one request may run at once; its other choices (n > 1) wait their turn, so one request "
+        "cannot take every sandbox worker.",
+    )
     tool_protocol: ToolProtocol | None = Field(
         None,
         description="How tool turns are built and results written (docs/api.md compares them). released: as rStar2-Agent's code; improved: "

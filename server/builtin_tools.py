@@ -4,6 +4,9 @@ call turns into a sandbox execution and the response text the model sees.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import copy
 import time
 from collections.abc import Sequence
 from typing import Protocol
@@ -82,20 +85,27 @@ class CodeExecutor(Protocol):
 
 
 class SandboxExecutor:
-    """Runs calls through a sandbox client (`rstar.sandbox.clients`: in-process, HTTP or Ray)."""
+    """Runs calls through a sandbox client (`rstar.sandbox.clients`: in-process, HTTP or Ray).
 
-    def __init__(self, client: SandboxClient, timeout_s: float | None = None):
+    `cells`: how many of its calls may run at once. The API gives each request an executor of its own with
+    the request's share, so one request's choices cannot take every sandbox worker from the rest."""
+
+    def __init__(self, client: SandboxClient, timeout_s: float | None = None, cells: int | None = None):
         self.client = client
         self.timeout_s = timeout_s  # None: the sandbox's default
+        self._cells = asyncio.Semaphore(cells) if cells is not None else contextlib.nullcontext()
 
     def with_timeout(self, timeout_s: float | None) -> "SandboxExecutor":
-        """The same sandbox with another limit per execution (a request's `tool_timeout`)."""
-        return SandboxExecutor(self.client, timeout_s)
+        """The same sandbox and share of it with another limit per execution (a request's `tool_timeout`)."""
+        executor = copy.copy(self)
+        executor.timeout_s = timeout_s
+        return executor
 
     async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str], protocol: ToolProtocol = "improved") -> RunResult:
         stdin_or_none = None if tool == JUPYTER_TOOL else stdin
         request = RunRequest(tool=tool, code=code, input=stdin_or_none, history=list(replay), timeout_s=self.timeout_s, protocol=protocol)
-        return await self.client.run(request)
+        async with self._cells:
+            return await self.client.run(request)
 
 
 async def run_builtin_call(

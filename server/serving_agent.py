@@ -135,7 +135,11 @@ class AgentServing(ServingBase):
             logprobs=request.logprobs,
             top_logprobs=(request.top_logprobs or 0) if request.logprobs else 0,
         )
-        executor = SandboxExecutor(serving.sandbox, request.tool_timeout)
+        tool_timeout_limit = min(settings.max_tool_timeout_s, serving.settings.sandbox.max_timeout_s)
+        if request.tool_timeout is not None and request.tool_timeout > tool_timeout_limit:
+            limit = "server settings api.max_tool_timeout_s, sandbox.max_timeout_s"
+            raise APIError(400, f"tool_timeout may be at most {tool_timeout_limit:g} s ({limit})", "tool_timeout")
+        executor = SandboxExecutor(serving.sandbox, request.tool_timeout, cells=settings.sandbox_cells_per_request)
         return AgentPlan(prompt, config, per_choice(request.sampling_options(room), request.n), executor)
 
     async def run_choices(self, plan: AgentPlan, request_id: str, received_at: float) -> AsyncIterator[tuple[Answer, list[Any]]]:

@@ -22,6 +22,8 @@ class ScriptedSandbox:
     error: Exception | None = None  # raised by every run: the sandbox itself is unreachable or broken
     requests: list[RunRequest] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)  # code of runs cancelled mid-way
+    running: int = 0
+    most_running: int = 0  # the most runs in flight at once
     started: bool = False
     closed: bool = False
 
@@ -39,11 +41,15 @@ class ScriptedSandbox:
     async def run(self, request: RunRequest | dict) -> RunResult:
         request = request if isinstance(request, RunRequest) else RunRequest.model_validate(request)
         self.requests.append(request)
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
         try:
             await asyncio.sleep(self.delay_s)
         except asyncio.CancelledError:
             self.cancelled.append(request.code)
             raise
+        finally:
+            self.running -= 1
         if self.error is not None:
             raise self.error
         if self.status != "ok":

@@ -228,8 +228,8 @@ def test_a_client_leaving_kills_its_real_sandbox_job(live_server, loop_thread):
     code = "import time\ntime.sleep(50)\nprint(1)"
     call = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": %s, "input": ""}}\n</tool_call>' % json.dumps(code)
     messages = [{"role": "user", "content": "Wait, then print 1."}, {"role": "assistant", "content": call}]
-    # The cell may run 55 s (the tool timeout), so only the client leaving can end it within the 15 s below.
-    body = {"model": MODEL, "messages": messages, "max_tokens": 60, "stream": True, "continue_final_message": True, "tool_timeout": 55}
+    # The cell may run 30 s (the tool timeout, the API's ceiling), so only the client leaving can end it within the 15 s below.
+    body = {"model": MODEL, "messages": messages, "max_tokens": 60, "stream": True, "continue_final_message": True, "tool_timeout": 30}
     with httpx.Client(timeout=60) as http, http.stream("POST", f"{live_server.base_url}/v1/chat/completions", json=body) as response:
         assert response.status_code == 200
         deadline = time.time() + 60

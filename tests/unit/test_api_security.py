@@ -13,12 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from rstar.app import build_app
 from rstar.config import load_settings
-from rstar.server.api import create_app
 from tests.processes import serve_in_thread
 from tests.scripted_engine import ScriptedEngine
 from tests.scripted_sandbox import ScriptedSandbox
-from tests.unit.api_server import make_server  # noqa: F401 (fixture)
+from tests.unit.api_server import TOOL_TURNS, make_server, sandbox_of  # noqa: F401 (fixture)
 from tests.waiting import wait_for
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
@@ -96,7 +96,7 @@ def test_an_empty_api_key_is_a_start_up_error_naming_the_variable(monkeypatch):
 )
 def test_serve_refuses_an_open_bind_without_a_key_and_rl_without_an_admin_key(settings, refused):
     from rstar.config import load_settings
-    from rstar.server.api import serve_refusal
+    from rstar.server.auth import serve_refusal
 
     refusal = serve_refusal(load_settings(**settings))
     assert (refusal is None) if refused is None else (refused in refusal), refusal
@@ -189,7 +189,7 @@ def test_under_uvicorn_a_stream_whose_socket_fills_up_gives_its_slots_back_at_th
     async def factory():
         return engine
 
-    url, stop = serve_in_thread(create_app(settings, factory, "scripted", sandbox_factory=ScriptedSandbox))
+    url, stop = serve_in_thread(build_app(settings, factory, "scripted", sandbox_factory=ScriptedSandbox))
     try:
         with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as silent:
             body = json.dumps({"model": "scripted", "prompt": [1, 2, 3], "max_tokens": 10**7, "stream": True}).encode()
@@ -200,3 +200,30 @@ def test_under_uvicorn_a_stream_whose_socket_fills_up_gives_its_slots_back_at_th
             assert time.monotonic() - started < 4 and len(engine.aborted) == 1
     finally:
         stop()
+
+
+# -- a request's share of the sandbox -----------------------------------------------------------------
+
+
+def test_a_tool_timeout_past_the_servers_ceiling_is_a_400_naming_it(make_server, monkeypatch):
+    monkeypatch.setenv("RSTAR_SANDBOX__MAX_TIMEOUT_S", "20")  # below the API's own 30 s
+    _, http, _, _ = make_server()
+    for tool_timeout, ceiling in ((21, 20), (60, 20)):
+        response = http.post("/v1/chat/completions", json={"model": "scripted", "messages": QUESTION, "tool_timeout": tool_timeout})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "tool_timeout", response.text
+        assert f"at most {ceiling} s" in response.json()["error"]["message"]
+    assert http.post("/v1/chat/completions", json={"model": "scripted", "messages": QUESTION, "tool_timeout": 20}).status_code == 200
+    monkeypatch.delenv("RSTAR_SANDBOX__MAX_TIMEOUT_S")
+    _, http, _, _ = make_server()  # the API's own ceiling, below the sandbox's 60 s
+    response = http.post("/v1/responses", json={"model": "scripted", "input": "2+2?", "tool_timeout": 31})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tool_timeout"
+
+
+def test_a_request_runs_at_most_its_share_of_sandbox_cells_whatever_its_n(make_server):
+    calling, answer = TOOL_TURNS
+    client, http, _, _ = make_server(replies=(calling, calling, calling, answer))
+    sandbox = sandbox_of(http)
+    sandbox.delay_s = 0.2
+    completion = client.chat.completions.create(model="scripted", messages=QUESTION, n=3)
+    assert [len(choice.message.code_cells) for choice in completion.choices] == [1, 1, 1]
+    assert sandbox.most_running == 1  # api.sandbox_cells_per_request: the three calls took turns
