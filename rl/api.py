@@ -1,6 +1,6 @@
 """RL from a running server: `POST /v1/rl/runs` trains on the very engine and sandbox that serve the API.
 
-`rstar serve --enable-rl` mounts these routes (`mount_rl`) next to the OpenAI API, as it mounts the UI: the
+`rstar serve --enable-rl` mounts this router next to the OpenAI API (`rstar/app.py`), as it mounts the UI: the
 server package never imports `rl/`. They take the admin key (the API key where there is none), since a run
 retrains the model every client is served. A run is a task on the server's event loop: rollouts go through
 the serving engine, taking admission slots like API requests (at most a share of them, behind waiting API
@@ -18,12 +18,11 @@ may override only the knobs in OVERRIDE_BOUNDS, within their ranges.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from rstar.config import Settings
@@ -33,10 +32,10 @@ from rstar.rl.grpo.recipe import Recipe, RecipeError, load_recipe, shipped_recip
 from rstar.rl.grpo.rollout import RolloutEnv
 from rstar.rl.grpo.train import RunSpec, train_grpo
 from rstar.rl.runs import RunConflict, RunStore, UnknownRun, new_run_id
-from rstar.server.api import admin_key_guard
 from rstar.server.db import app_database
 from rstar.server.errors import APIError
 from rstar.server.limits import AdmittedGenerations
+from rstar.server.serving_base import Serving
 
 log = logging.getLogger("rstar.rl")
 
@@ -108,20 +107,20 @@ def requested_recipe(body: RunRequest, settings: Settings) -> Recipe:
         raise APIError(400, str(exc), "config" if body.config else "recipe") from None
 
 
-def mount_rl(app: FastAPI, settings: Settings) -> None:
-    """The RL routes, behind the admin key, when the operator enabled them (settings.enable_rl)."""
-    if not settings.enable_rl:
-        return
-    router = APIRouter(prefix="/v1/rl", dependencies=admin_key_guard(settings))
-    runs = Depends(_run_store)
-    state: dict[str, asyncio.Task | None] = {"task": None}
-    # Held from the one-run check until the run's task exists: two POSTs at once cannot both pass the check.
-    starting = asyncio.Lock()
+class RlRuns:
+    """The one RL run a server trains at a time (`app.state.rl_runs`)."""
 
-    @router.post("/runs", status_code=202)
-    async def start_run(body: RunRequest, request: Request, store: RunStore = runs) -> dict:
-        async with starting:
-            running = state["task"]
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.task: asyncio.Task | None = None
+        # Held from the one-run check until the run's task exists: two POSTs at once cannot both pass the check.
+        self.starting = asyncio.Lock()
+
+    async def start(self, body: RunRequest, serving: Serving, store: RunStore) -> str:
+        """Start the run `body` asks for on the serving engine; its id. APIError 409 while another runs."""
+        settings = self.settings
+        async with self.starting:
+            running = self.task
             if running is not None and not running.done():
                 raise APIError(409, f"run {running.get_name()} is in progress on this server; cancel it first (POST /v1/rl/runs/{running.get_name()}/cancel)", "run_id", "run_in_progress")
             recipe = requested_recipe(body, settings)
@@ -130,7 +129,6 @@ def mount_rl(app: FastAPI, settings: Settings) -> None:
                 problems = await asyncio.to_thread(load_problems, str(data))
             except DataError as exc:
                 raise APIError(400, str(exc), "data") from None
-            serving = request.app.state.serving
             run_id = body.run_id or new_run_id("grpo")
             spec = RunSpec(run_id, settings.data_dir / "rl_runs" / run_id, recipe, Path(serving.engine.model_path), str(data), serving.engine.dtype)
             share = max(1, int(serving.admission.max_running * settings.api.rl_share))
@@ -140,38 +138,18 @@ def mount_rl(app: FastAPI, settings: Settings) -> None:
                 await asyncio.to_thread(store.begin, run_id, "grpo", str(spec.model_dir), recipe.model_dump(), str(data), str(spec.run_dir), recipe.total_steps)
             except RunConflict as exc:
                 raise APIError(409, str(exc), "run_id", "run_in_progress") from None
-            state["task"] = asyncio.create_task(_execute(env, spec, problems, store), name=run_id)
-        return await asyncio.to_thread(store.get, run_id, False)
+            self.task = asyncio.create_task(_execute(env, spec, problems, store), name=run_id)
+        return run_id
 
-    @router.get("/runs")
-    def list_runs(store: RunStore = runs, limit: int = Query(50, ge=1, le=200)) -> dict:
-        return {"object": "list", "data": store.list(limit)}
+    async def stop(self) -> None:
+        """Stop the run before the app's own shutdown closes the engine under it; it stays resumable."""
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
-    @router.get("/runs/{run_id}")
-    def get_run(run_id: str, store: RunStore = runs) -> dict:
-        return _known(store.get, run_id)
 
-    @router.post("/runs/{run_id}/cancel")
-    def cancel_run(run_id: str, store: RunStore = runs) -> dict:
-        return _known(store.request_cancel, run_id)
-
-    app.include_router(router)
-
-    # Stop a run before the app's own shutdown closes the engine under it; it stays resumable.
-    serving_lifespan = app.router.lifespan_context
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        async with serving_lifespan(app) as lifespan_state:
-            try:
-                yield lifespan_state
-            finally:
-                task = state["task"]
-                if task is not None and not task.done():
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-
-    app.router.lifespan_context = lifespan
+router = APIRouter(prefix="/v1/rl")
 
 
 def _run_store(request: Request) -> RunStore:
@@ -179,11 +157,35 @@ def _run_store(request: Request) -> RunStore:
     return RunStore(app_database(request))
 
 
+runs = Depends(_run_store)
+
+
 def _known(action, run_id: str) -> dict:
     try:
         return action(run_id)
     except UnknownRun:
         raise APIError(404, f"No RL run with id {run_id!r}.", "run_id", "run_not_found") from None
+
+
+@router.post("/runs", status_code=202)
+async def start_run(body: RunRequest, request: Request, store: RunStore = runs) -> dict:
+    run_id = await request.app.state.rl_runs.start(body, request.app.state.serving, store)
+    return await asyncio.to_thread(store.get, run_id, False)
+
+
+@router.get("/runs")
+def list_runs(store: RunStore = runs, limit: int = Query(50, ge=1, le=200)) -> dict:
+    return {"object": "list", "data": store.list(limit)}
+
+
+@router.get("/runs/{run_id}")
+def get_run(run_id: str, store: RunStore = runs) -> dict:
+    return _known(store.get, run_id)
+
+
+@router.post("/runs/{run_id}/cancel")
+def cancel_run(run_id: str, store: RunStore = runs) -> dict:
+    return _known(store.request_cancel, run_id)
 
 
 async def _execute(env: RolloutEnv, spec: RunSpec, problems, store: RunStore) -> None:

@@ -118,12 +118,12 @@ def serve(
     """Start the OpenAI-compatible API on one engine (or --replicas N behind a router), with the web UI at /ui (pulls the embedded default model if needed)."""
     import uvicorn
 
-    from rstar.rl.api import mount_rl
-    from rstar.server.api import create_app, serve_refusal
+    from rstar.app import build_app
+    from rstar.server.auth import serve_refusal
     from rstar.server.engine import require_vllm
     from rstar.server.model_store import resolve_model
     from rstar.server.ray_replicas import require_ray, start_engine, wants_replicas
-    from rstar.ui.app import UI_PATH, mount_ui
+    from rstar.ui.app import UI_PATH
 
     given = {"max_model_len": max_model_len, "replicas": replicas, "ray_address": ray_address, "routing": routing}
     engine_overrides = {key: value for key, value in given.items() if value is not None} or None
@@ -157,11 +157,7 @@ def serve(
     async def start_engines():
         return await start_engine(resolved.path, settings.engine, served_model_name=name, cache_dir=settings.cache_dir)
 
-    api = create_app(settings, start_engines, name)
-    # The UI talks to this same server over HTTP, as it would to a remote one; a wildcard bind is reached on loopback.
-    loopback = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(settings.host, f"[{settings.host}]" if ":" in settings.host else settings.host)
-    mount_ui(api, f"http://{loopback}:{settings.port}", settings.api_key)
-    mount_rl(api, settings)  # only with --enable-rl
+    api = build_app(settings, start_engines, name, ui=True)
     engines = f"{settings.engine.replicas} engine replicas (routing {settings.engine.routing})" if replicated else "the engine"
     console.print(f"starting {engines} on {resolved.path} (on CPU about a minute, a first compiled start several; the 'engine defaults' line says which); API at http://{settings.host}:{settings.port}/v1", highlight=False)
     console.print(f"UI at http://{settings.host}:{settings.port}{UI_PATH} once the engine is up", highlight=False, soft_wrap=True)

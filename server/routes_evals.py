@@ -81,68 +81,69 @@ def _get_run(session, run_id: str) -> EvalRun:
     return run
 
 
-def evals_router() -> APIRouter:
-    """The /v1/evals routes over the app's database."""
-    router = APIRouter(prefix="/v1/evals")
-    database = Depends(app_database)
+router = APIRouter(prefix="/v1/evals")
+database = Depends(app_database)
 
-    @router.get("/runs")
-    def list_runs(sessions: sessionmaker = database, limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0)) -> dict[str, Any]:
-        with sessions() as session:
-            runs = session.scalars(select(EvalRun).order_by(EvalRun.created_at.desc()).limit(limit).offset(offset)).all()
-            total = session.scalar(select(func.count()).select_from(EvalRun))
-            return {"object": "list", "data": [_run_row(run) for run in runs], "total": total}
 
-    @router.get("/runs/{run_id}")
-    def get_run(run_id: str, sessions: sessionmaker = database) -> dict[str, Any]:
-        with sessions() as session:
-            run = _get_run(session, run_id)
-            counts = session.execute(
-                select(EvalSample.benchmark, func.count(), func.avg(EvalSample.score)).where(EvalSample.run_id == run_id).group_by(EvalSample.benchmark)
-            ).all()
-            return {
-                **_run_row(run),
-                "config": run.config,
-                "run_dir": run.run_dir,
-                "files": _servable_files(run.run_dir),
-                # What is graded so far, per benchmark: a running run has samples before it has a summary.
-                "samples": {benchmark: {"count": count, "mean_score": mean} for benchmark, count, mean in counts},
-            }
+@router.get("/runs")
+def list_runs(sessions: sessionmaker = database, limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0)) -> dict[str, Any]:
+    with sessions() as session:
+        runs = session.scalars(select(EvalRun).order_by(EvalRun.created_at.desc()).limit(limit).offset(offset)).all()
+        total = session.scalar(select(func.count()).select_from(EvalRun))
+        return {"object": "list", "data": [_run_row(run) for run in runs], "total": total}
 
-    @router.get("/runs/{run_id}/samples")
-    def list_samples(
-        run_id: str,
-        sessions: sessionmaker = database,
-        benchmark: str | None = None,
-        limit: int = Query(100, ge=1, le=1000),
-        offset: int = Query(0, ge=0),
-    ) -> dict[str, Any]:
-        with sessions() as session:
-            _get_run(session, run_id)
-            query = select(EvalSample).where(EvalSample.run_id == run_id)
-            if benchmark:
-                query = query.where(EvalSample.benchmark == benchmark)
-            total = session.scalar(select(func.count()).select_from(query.subquery()))
-            order = (EvalSample.benchmark, EvalSample.doc_id, EvalSample.sample_index)
-            samples = session.scalars(query.order_by(*order).limit(limit).offset(offset)).all()
-            return {"object": "list", "data": [_sample_row(sample) for sample in samples], "total": total}
 
-    @router.get("/runs/{run_id}/samples/{sample_id}")
-    def get_sample(run_id: str, sample_id: int, sessions: sessionmaker = database) -> dict[str, Any]:
-        with sessions() as session:
-            sample = session.get(EvalSample, sample_id)
-            if sample is None or sample.run_id != run_id:
-                raise APIError(404, f"No sample {sample_id} in eval run `{run_id}`.", "sample_id", "not_found")
-            return {**_sample_row(sample), "grade": sample.grade, "request": sample.request, "response": sample.response, "trajectory": sample.trajectory,
-                    "code_cells": _code_cells(sample.trajectory)}  # fmt: skip
+@router.get("/runs/{run_id}")
+def get_run(run_id: str, sessions: sessionmaker = database) -> dict[str, Any]:
+    with sessions() as session:
+        run = _get_run(session, run_id)
+        counts = session.execute(
+            select(EvalSample.benchmark, func.count(), func.avg(EvalSample.score)).where(EvalSample.run_id == run_id).group_by(EvalSample.benchmark)
+        ).all()
+        return {
+            **_run_row(run),
+            "config": run.config,
+            "run_dir": run.run_dir,
+            "files": _servable_files(run.run_dir),
+            # What is graded so far, per benchmark: a running run has samples before it has a summary.
+            "samples": {benchmark: {"count": count, "mean_score": mean} for benchmark, count, mean in counts},
+        }
 
-    @router.get("/runs/{run_id}/files/{name}")
-    def get_file(run_id: str, name: str, sessions: sessionmaker = database) -> FileResponse:
-        with sessions() as session:
-            run_dir = _get_run(session, run_id).run_dir
-        # Only regular files listed from the directory itself are served: no separators, no "..", no symlinks out.
-        if not _SERVABLE.match(name) or name not in _servable_files(run_dir):
-            raise APIError(404, f"No file `{name}` in eval run `{run_id}`.", "name", "not_found")
-        return FileResponse(Path(run_dir) / name, media_type=_MEDIA_TYPES[name.rsplit(".", 1)[1]])
 
-    return router
+@router.get("/runs/{run_id}/samples")
+def list_samples(
+    run_id: str,
+    sessions: sessionmaker = database,
+    benchmark: str | None = None,
+    limit: int = Query(100, ge=1, le=1000),
+    offset: int = Query(0, ge=0),
+) -> dict[str, Any]:
+    with sessions() as session:
+        _get_run(session, run_id)
+        query = select(EvalSample).where(EvalSample.run_id == run_id)
+        if benchmark:
+            query = query.where(EvalSample.benchmark == benchmark)
+        total = session.scalar(select(func.count()).select_from(query.subquery()))
+        order = (EvalSample.benchmark, EvalSample.doc_id, EvalSample.sample_index)
+        samples = session.scalars(query.order_by(*order).limit(limit).offset(offset)).all()
+        return {"object": "list", "data": [_sample_row(sample) for sample in samples], "total": total}
+
+
+@router.get("/runs/{run_id}/samples/{sample_id}")
+def get_sample(run_id: str, sample_id: int, sessions: sessionmaker = database) -> dict[str, Any]:
+    with sessions() as session:
+        sample = session.get(EvalSample, sample_id)
+        if sample is None or sample.run_id != run_id:
+            raise APIError(404, f"No sample {sample_id} in eval run `{run_id}`.", "sample_id", "not_found")
+        return {**_sample_row(sample), "grade": sample.grade, "request": sample.request, "response": sample.response, "trajectory": sample.trajectory,
+                "code_cells": _code_cells(sample.trajectory)}  # fmt: skip
+
+
+@router.get("/runs/{run_id}/files/{name}")
+def get_file(run_id: str, name: str, sessions: sessionmaker = database) -> FileResponse:
+    with sessions() as session:
+        run_dir = _get_run(session, run_id).run_dir
+    # Only regular files listed from the directory itself are served: no separators, no "..", no symlinks out.
+    if not _SERVABLE.match(name) or name not in _servable_files(run_dir):
+        raise APIError(404, f"No file `{name}` in eval run `{run_id}`.", "name", "not_found")
+    return FileResponse(Path(run_dir) / name, media_type=_MEDIA_TYPES[name.rsplit(".", 1)[1]])

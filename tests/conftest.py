@@ -114,8 +114,7 @@ def live_server(engine, loop_thread, tmp_path_factory):
     in-process sandbox pool (the server's default), which the app starts and stops."""
     import uvicorn
 
-    from rstar.rl.api import mount_rl
-    from rstar.server.api import create_app
+    from rstar.app import build_app
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -126,8 +125,7 @@ def live_server(engine, loop_thread, tmp_path_factory):
     async def shared_engine():
         return engine
 
-    app = create_app(settings, shared_engine, engine.model_name)
-    mount_rl(app, settings)  # as `rstar serve --enable-rl` does
+    app = build_app(settings, shared_engine, engine.model_name)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     serving = asyncio.run_coroutine_threadsafe(server.serve(sockets=[sock]), loop_thread.loop)
     deadline = time.time() + 60

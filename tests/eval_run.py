@@ -23,9 +23,9 @@ from rstar.evals.client import InProcessChatClient
 from rstar.evals.report import write_run_reports
 from rstar.evals.runner import RunStore, execute, plan
 from rstar.sandbox.clients import connect
+from rstar.server import routes_evals
 from rstar.server.builtin_tools import SandboxExecutor
 from rstar.server.errors import install_error_handlers
-from rstar.server.routes_evals import evals_router
 from tests.scripted_engine import ScriptedEngine
 from tests.unit.evals_data import shared_data_dir
 
@@ -79,5 +79,5 @@ def eval_routes_app(sessions: sessionmaker) -> FastAPI:
     app = FastAPI()
     install_error_handlers(app)
     app.state.database = sessions
-    app.include_router(evals_router())
+    app.include_router(routes_evals.router)
     return app

@@ -7,8 +7,8 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
+from rstar.app import build_app
 from rstar.config import load_settings
-from rstar.server.api import create_app
 from tests.scripted_engine import ScriptedEngine, call
 from tests.scripted_sandbox import ScriptedSandbox
 
@@ -38,7 +38,7 @@ def make_server(tmp_path, default_tokenizer):
             return engine
 
         # A loopback Host, as a local client sends: a server without a key answers only those.
-        http = TestClient(create_app(settings, factory, model_name, sandbox_factory=lambda: sandbox), base_url="http://localhost")
+        http = TestClient(build_app(settings, factory, model_name, sandbox_factory=lambda: sandbox), base_url="http://localhost")
         http.__enter__()
         opened.append(http)
         client = openai.OpenAI(base_url="http://localhost/v1", api_key=settings.api_key or "none", http_client=http, max_retries=0)

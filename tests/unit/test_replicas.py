@@ -261,8 +261,8 @@ def test_stats_add_up_over_replicas_and_shutdown_stops_every_engine(default_toke
 def test_health_lists_the_replicas(default_tokenizer, tmp_path):
     from fastapi.testclient import TestClient
 
+    from rstar.app import build_app
     from rstar.config import load_settings
-    from rstar.server.api import create_app
     from tests.scripted_sandbox import ScriptedSandbox
 
     factory = ScriptedReplicas(default_tokenizer, kv_capacity_tokens=2048)
@@ -270,7 +270,7 @@ def test_health_lists_the_replicas(default_tokenizer, tmp_path):
     async def start_engine():
         return await replicated(factory)
 
-    app = create_app(load_settings(data_dir=tmp_path), start_engine, "scripted", sandbox_factory=ScriptedSandbox)
+    app = build_app(load_settings(data_dir=tmp_path), start_engine, "scripted", sandbox_factory=ScriptedSandbox)
     with TestClient(app, base_url="http://localhost") as http:
         body = http.get("/health").json()
     assert [(r["index"], r["healthy"], r["restarts"], r["in_flight"], r["kv_capacity_tokens"]) for r in body["replicas"]] == [

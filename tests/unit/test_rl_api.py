@@ -27,7 +27,7 @@ def rl_server(tmp_path, default_tokenizer, monkeypatch):
     """Start the app with the RL routes mounted as `rstar serve` mounts them; yields (client, settings, trainers
     started). The trainer is a stand-in that runs until cancelled."""
     import rstar.rl.api as rl_api
-    from rstar.server.api import create_app
+    from rstar.app import build_app
 
     started = []
 
@@ -48,8 +48,7 @@ def rl_server(tmp_path, default_tokenizer, monkeypatch):
         async def factory():
             return engine
 
-        app = create_app(settings, factory, "scripted", sandbox_factory=ScriptedSandbox)
-        rl_api.mount_rl(app, settings)
+        app = build_app(settings, factory, "scripted", sandbox_factory=ScriptedSandbox)
         client = TestClient(app, base_url="http://localhost")
         client.__enter__()
         opened.append(client)

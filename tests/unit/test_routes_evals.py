@@ -1,5 +1,5 @@
 """The read-only eval endpoints, over a run the eval runner wrote (tests/eval_run.py): mounted on a bare app with
-the API's error handlers, and through `create_app` to check the API key guards them and that the app reaches
+the API's error handlers, and through `build_app` to check the API key guards them and that the app reaches
 its database through one engine."""
 
 from __future__ import annotations
@@ -92,12 +92,12 @@ def test_files_are_served_from_the_run_dir_only(served_run, tmp_path):
 
 
 def _scripted_app(settings, tokenizer):
-    from rstar.server.api import create_app
+    from rstar.app import build_app
 
     async def factory():
         return ScriptedEngine(tokenizer, ["stored answer"])
 
-    return create_app(settings, factory, "scripted", sandbox_factory=ScriptedSandbox)
+    return build_app(settings, factory, "scripted", sandbox_factory=ScriptedSandbox)
 
 
 def test_the_api_mounts_them_behind_its_api_key(tmp_path, default_tokenizer):
@@ -113,16 +113,13 @@ def test_the_api_mounts_them_behind_its_api_key(tmp_path, default_tokenizer):
 
 def test_the_app_reaches_its_database_through_one_engine(tmp_path, default_tokenizer, monkeypatch):
     """Conversations, eval reads and RL runs share the engine the app opened at start-up: no route opens its own."""
-    from rstar.rl.api import mount_rl
     from rstar.server import db
 
     opened = []
     make_engine = db.make_engine
     monkeypatch.setattr(db, "make_engine", lambda url: opened.append(url) or make_engine(url))
     settings = load_settings(data_dir=tmp_path, enable_rl=True)
-    app = _scripted_app(settings, default_tokenizer)
-    mount_rl(app, settings)  # as `rstar serve --enable-rl` does
-    with TestClient(app, base_url="http://localhost") as client:
+    with TestClient(_scripted_app(settings, default_tokenizer), base_url="http://localhost") as client:
         assert client.post("/v1/chat/completions", json={"model": "scripted", "messages": [{"role": "user", "content": "keep me"}]}).status_code == 200
         assert [c["title"] for c in client.get("/v1/conversations").json()["data"]] == ["keep me"]
         assert client.get("/v1/evals/runs").json()["total"] == 0
