@@ -81,16 +81,30 @@ def make_sft_data_command(
     train: Annotated[int, typer.Option(min=1, help="SFT conversations.")] = 1000,
     heldout: Annotated[int, typer.Option(min=1, help="Held-out problems (phrasings never used for training).")] = 200,
     rl: Annotated[int, typer.Option(min=1, help="RL problems (training phrasings, fresh numbers).")] = 1000,
+    gsm8k: Annotated[Optional[Path], typer.Option(help="GSM8K's train.jsonl (question, answer, idx rows): its solutions become programs and conversations too, the rest RL problems. Never the test split.")] = None,
+    gsm8k_conversations: Annotated[int, typer.Option(min=0, help="With --gsm8k: how many of its solutions to draw for SFT.")] = 1000,
 ) -> None:
     """Write tool-use SFT conversations whose programs ran in the sandbox, plus held-out and RL problems."""
+    from rstar.evals.data import read_jsonl
     from rstar.rl.sft.data import make_sft_data
 
+    if gsm8k is not None and not gsm8k.is_file():
+        raise _fail(f"--gsm8k: no file at {gsm8k} (the shared copy is gsm8k/train.jsonl under the data directory)")
+    if gsm8k is not None and gsm8k.name.startswith("test"):
+        raise _fail(f"--gsm8k: {gsm8k} looks like the test split, which is for evaluation only; give train.jsonl")
+    gsm8k_rows = list(read_jsonl(gsm8k)) if gsm8k else []
     settings = load_settings()
     with _progress() as bars:
         task = bars.add_task("running programs", total=train + heldout, summary="")
-        manifest = asyncio.run(make_sft_data(out, seed, train, heldout, rl, settings.sandbox, lambda done, total: bars.update(task, completed=done, total=total)))
+        manifest = asyncio.run(make_sft_data(out, seed, train, heldout, rl, settings.sandbox, lambda done, total: bars.update(task, completed=done, total=total),
+                                             gsm8k_rows, gsm8k_conversations))
     for name, entry in manifest["files"].items():
         typer.echo(f"{out / name}: {entry['rows']} rows, sha256 {entry['sha256'][:16]}")
+    if "gsm8k" in manifest:
+        report = manifest["gsm8k"]
+        refused = "; ".join(f"{n} {reason}" for reason, n in report["refused"].items())
+        typer.echo(f"GSM8K: {report['converted']} of {report['rows']} rows became programs ({refused or 'none refused'}); "
+                   f"{report['conversations']} of {report['drawn_for_sft']} drawn printed the gold answer in the sandbox")
 
 
 @app.command("sft")

@@ -35,9 +35,11 @@ import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from pathlib import Path
 
 from rstar.rl.sft.catalogue import FAMILIES, heldout_phrasing_ids, phrasing_by_id
+from rstar.rl.sft.gsm8k import REFUSALS, NotConvertible, solution_program
 from rstar.sandbox.clients import LocalClient
 from rstar.sandbox.settings import SandboxSettings
 from rstar.sandbox.tools import PYTHON_TOOL
@@ -191,6 +193,43 @@ def generate_problems(seed: int, count: int, split: str, *, stream: str = "sft",
     return examples
 
 
+GSM8K_PLANS = (
+    "I will write each step of the problem as a line of Python and print the answer.",
+    "Let me name each quantity in the problem and let Python do the arithmetic.",
+    "I will compute the quantities one at a time in Python.",
+)
+GSM8K_CONCLUSION = "The answer is \\boxed{{{answer}}}."
+
+
+@dataclass(frozen=True)
+class Gsm8kPlan:
+    sft: list[Example]  # conversations to build, before the sandbox checks their programs
+    rl: list[Example]  # the other convertible rows, as RL problems
+    refused: list[NotConvertible]  # rows no program could be written for
+
+
+def plan_gsm8k(rows: Sequence[dict], seed: int, count: int) -> Gsm8kPlan:
+    """Every GSM8K training row turned into a program where its solution allows; `count` of them (a seeded
+    draw) for SFT conversations, the rest for RL. Rows are dicts of the dataset's question, answer and idx."""
+    from rstar.evals.gsm8k import gold_answer
+
+    rng = random.Random(f"rstar.rl.sft_data/gsm8k/{seed}")
+    planned, refused = [], []
+    for n, row in enumerate(rows):
+        index, gold = row.get("idx", n), gold_answer(row["answer"])
+        try:
+            program = solution_program(index, row["question"], row["answer"], gold)
+        except NotConvertible as exc:
+            refused.append(exc)
+            continue
+        planned.append(Example(id=f"gsm8k-{index:05d}", family="gsm8k", phrasing=f"gsm8k/{index}", split="train",
+                               problem=row["question"].strip(), answer=gold,
+                               calls=(PlannedCall(rng.choice(GSM8K_PLANS), program.code, fails=False),),
+                               reading=rng.choice(READINGS), conclusion=GSM8K_CONCLUSION))
+    chosen = set(rng.sample(range(len(planned)), min(count, len(planned))))
+    return Gsm8kPlan([e for i, e in enumerate(planned) if i in chosen], [e for i, e in enumerate(planned) if i not in chosen], refused)
+
+
 # --- running the programs (the sandbox edge) -------------------------------------------------------------
 
 
@@ -203,6 +242,22 @@ def tool_call_message(reason: str, code: str, call_id: str) -> dict:
     }
 
 
+class ProgramMismatch(RuntimeError):
+    """A planned program did not do in the sandbox what its plan says (fail, or print the answer)."""
+
+
+def prints_answer(output: str, answer: str) -> bool:
+    """Whether a program's output is the answer as a number. Whole numbers compare exactly; a float's output
+    (`72.0`, or `71.99999999999999` from its last bit) is the answer to within float rounding, `72.5` is not."""
+    try:
+        printed, expected = Fraction(output), Fraction(answer)
+    except (ValueError, ZeroDivisionError):
+        return output == answer
+    if re.fullmatch(r"-?\d+", output):
+        return printed == expected
+    return abs(printed - expected) <= Fraction(1, 10**9) * max(1, abs(expected))
+
+
 async def build_conversation(example: Example, executor: CodeExecutor) -> Example:
     """Run the planned programs in the sandbox and write the conversation around their real results."""
     messages: list[dict] = [{"role": "user", "content": example.problem}]
@@ -210,8 +265,8 @@ async def build_conversation(example: Example, executor: CodeExecutor) -> Exampl
     for index, call in enumerate(example.calls):
         result = await executor.execute(PYTHON_TOOL, call.code, "", ())
         output = result.stdout.strip()
-        if call.fails == result.ok or (not call.fails and output != example.answer):
-            raise RuntimeError(
+        if call.fails == result.ok or (not call.fails and not prints_answer(output, example.answer)):
+            raise ProgramMismatch(
                 f"{example.id} ({example.phrasing}): expected {'a failure' if call.fails else example.answer!r}, "
                 f"the sandbox gave {render_exec_result(result)!r} for:\n{call.code}")
         call_id = f"call_{index}"
@@ -220,26 +275,35 @@ async def build_conversation(example: Example, executor: CodeExecutor) -> Exampl
     messages.append({
         "role": "assistant",
         "content": f"<reason>{example.reading.format(output=output)}</reason>\n"
-                   f"<answer>\n{example.conclusion.format(answer=output)}\n</answer>",
+                   f"<answer>\n{example.conclusion.format(answer=example.answer)}\n</answer>",
     })
     return replace(example, messages=messages)
 
 
 async def build_conversations(examples: Sequence[Example], executor: CodeExecutor,
-                              progress: Callable[[int, int], None] = lambda done, total: None) -> list[Example]:
-    """Every example with its conversation, in order. A program whose output is not the answer raises."""
+                              progress: Callable[[int, int], None] = lambda done, total: None,
+                              dropped: list[str] | None = None) -> list[Example]:
+    """Every example with its conversation, in order. A program that does not do what its plan says raises
+    ProgramMismatch, or, when `dropped` is given, is left out with its message appended there (for data this
+    project did not write, where a solution's program may be wrong)."""
     slots = asyncio.Semaphore(CONCURRENT_CONVERSATIONS)
     done = 0
 
-    async def build(example: Example) -> Example:
+    async def build(example: Example) -> Example | None:
         nonlocal done
         async with slots:
-            built = await build_conversation(example, executor)
+            try:
+                built = await build_conversation(example, executor)
+            except ProgramMismatch as exc:
+                if dropped is None:
+                    raise
+                dropped.append(str(exc))
+                built = None
         done += 1
         progress(done, len(examples))
         return built
 
-    return list(await asyncio.gather(*(build(example) for example in examples)))
+    return [built for built in await asyncio.gather(*(build(example) for example in examples)) if built is not None]
 
 
 # --- files (the disk edge) -------------------------------------------------------------------------------
@@ -264,24 +328,33 @@ def jsonl(rows: Iterable[dict]) -> str:
 
 async def make_sft_data(out_dir: Path, seed: int = 0, n_train: int = 1000, n_heldout: int = 200, n_rl: int = 1000,
                         sandbox_settings: SandboxSettings | None = None,
-                        progress: Callable[[int, int], None] = lambda done, total: None) -> dict:
+                        progress: Callable[[int, int], None] = lambda done, total: None,
+                        gsm8k_rows: Sequence[dict] = (), n_gsm8k: int = 0) -> dict:
     """Write sft_train.jsonl, heldout.jsonl, rl_train.jsonl and manifest.json into out_dir; return the manifest.
 
     The programs run in an in-process sandbox pool started here. RL problems use training phrasings with
-    numbers from their own stream, and never repeat an SFT problem.
+    numbers from their own stream, and never repeat an SFT problem. With `gsm8k_rows` (GSM8K's training split),
+    `n_gsm8k` of its solutions become conversations too (those whose program prints the gold answer in the
+    sandbox), and its other convertible rows are written to gsm8k_rl_train.jsonl as RL problems.
     """
     train = generate_problems(seed, n_train, "train")
     heldout = generate_problems(seed, n_heldout, "heldout")
     rl = generate_problems(seed, n_rl, "train", stream="rl", avoid={example.problem for example in train})
+    gsm8k = plan_gsm8k(gsm8k_rows, seed, n_gsm8k)
+    mismatched: list[str] = []
     async with LocalClient(sandbox_settings or SandboxSettings()) as client:
-        built = await build_conversations([*train, *heldout], SandboxExecutor(client), progress)
-    train, heldout = built[: len(train)], built[len(train) :]
+        executor = SandboxExecutor(client)
+        built = await build_conversations([*train, *heldout], executor, progress)
+        gsm8k_built = await build_conversations(gsm8k.sft, executor, progress, dropped=mismatched)
+    train, heldout = built[: len(train)] + gsm8k_built, built[len(train) :]
 
     files = {
         "sft_train.jsonl": (train, jsonl(example.row() for example in train)),
         "heldout.jsonl": (heldout, jsonl(example.row() for example in heldout)),
         "rl_train.jsonl": (rl, jsonl(example.rl_row() for example in rl)),
     }
+    if gsm8k_rows:
+        files["gsm8k_rl_train.jsonl"] = (gsm8k.rl, jsonl(example.rl_row() for example in gsm8k.rl))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = {
@@ -291,6 +364,16 @@ async def make_sft_data(out_dir: Path, seed: int = 0, n_train: int = 1000, n_hel
         "sha256_note": "of each file's text with every 'execution time: X.XXs' normalized",
         "files": {},
     }
+    if gsm8k_rows:
+        manifest["gsm8k"] = {
+            "rows": len(gsm8k_rows),
+            "refused": {reason: n for reason in REFUSALS if (n := sum(exc.reason == reason for exc in gsm8k.refused))},
+            "converted": len(gsm8k.sft) + len(gsm8k.rl),
+            "drawn_for_sft": len(gsm8k.sft),
+            "program_did_not_print_the_answer": mismatched,
+            "conversations": len(gsm8k_built),
+            "rl_problems": len(gsm8k.rl),
+        }
     for name, (examples, text) in files.items():
         write_atomically(out_dir / name, text)
         manifest["files"][name] = {

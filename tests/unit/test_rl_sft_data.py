@@ -12,6 +12,7 @@ from dataclasses import replace
 from collections import Counter
 
 import pytest
+from evals_data import shared_data_dir
 
 from rstar.rl.sft import catalogue, data
 from rstar.rl.sft.catalogue import FAMILIES, HELDOUT_PHRASINGS_PER_FAMILY
@@ -66,13 +67,20 @@ def make_data(sandbox_settings, tmp_path_factory):
     """make_sft_data(seed) into a fresh directory; returns (directory, manifest)."""
     settings = sandbox_settings.model_copy(update={"uid_base": MAKE_DATA_UID_BASE})
 
-    def make(seed: int, progress=lambda done, total: None):
+    def make(seed: int, progress=lambda done, total: None, **options):
         out_dir = tmp_path_factory.mktemp(f"sft_seed{seed}")
         manifest = asyncio.run(make_sft_data(out_dir, seed=seed, sandbox_settings=settings, progress=progress,
-                                             **SMALL_COUNTS))
+                                             **{**SMALL_COUNTS, **options}))
         return out_dir, manifest
 
     return make
+
+
+@pytest.fixture(scope="module")
+def make_data_with_gsm8k(make_data) -> dict:
+    """The manifest of a small run that also converts GSM8K's first 120 training rows and draws 30 for SFT."""
+    rows = read_jsonl(shared_data_dir() / "gsm8k" / "train.jsonl")[:120]
+    return make_data(3, n_train=4, n_heldout=2, n_rl=2, gsm8k_rows=rows, n_gsm8k=30)[1]
 
 
 @pytest.fixture(scope="module")
@@ -386,3 +394,35 @@ def test_rstar_template_renders_the_calls_as_the_model_must_write_them(sandbox):
         # shows the call format with placeholders).
         parsed = parse_tool_calls(rendered.split(template.turn_end, 1)[1])
         assert [(c.name, c.arguments) for c in parsed] == [(PYTHON_TOOL, call["arguments"]) for call in calls]
+
+
+def test_gsm8k_solutions_become_conversations_and_a_program_that_misses_is_dropped(sandbox):
+    rows = read_jsonl(shared_data_dir() / "gsm8k" / "train.jsonl")[:60]
+    plan = data.plan_gsm8k(rows, seed=0, count=24)
+    wrong = replace(plan.sft[0], answer=str(int(plan.sft[0].answer) + 1))  # its program prints the real answer
+    dropped: list[str] = []
+    built = sandbox.loop_thread.run(data.build_conversations([*plan.sft[1:], wrong], sandbox.executor, dropped=dropped))
+    assert [e.id for e in built] == [e.id for e in plan.sft[1:]]
+    assert len(dropped) == 1 and dropped[0].startswith(f"{wrong.id} (gsm8k/") and f"expected {wrong.answer!r}" in dropped[0]
+    template = rstar_template()
+    for example in built:
+        user, call, result, final = example.messages
+        assert user == {"role": "user", "content": example.problem}
+        assert call["content"].startswith("<reason>") and call["content"] != "<reason>"
+        stdout = re.search(r"stdout: (.*)\n", result["content"]).group(1)
+        assert result["content"].startswith("Tool call success\n") and data.prints_answer(stdout, example.answer)
+        assert final["content"] == f"<reason>{final['content'][8:].split('</reason>')[0]}</reason>\n<answer>\nThe answer is \\boxed{{{example.answer}}}.\n</answer>"
+        assert extract_answer(final["content"]) == example.answer
+        rendered = template.render(example.messages, tools=builtin_tool_schemas(), add_generation_prompt=False)
+        assert tojson({"code": call["tool_calls"][0]["function"]["arguments"]["code"], "input": ""}) in rendered
+    with pytest.raises(data.ProgramMismatch, match="expected"):  # without `dropped`, a miss raises as for the catalogue
+        sandbox.build([wrong])
+
+
+def test_make_sft_data_reports_how_many_gsm8k_rows_survive(make_data_with_gsm8k):
+    manifest = make_data_with_gsm8k
+    report = manifest["gsm8k"]
+    assert report["rows"] == 120 and report["converted"] + sum(report["refused"].values()) == 120
+    assert report["drawn_for_sft"] == 30 and report["conversations"] == 30 and report["program_did_not_print_the_answer"] == []
+    assert report["rl_problems"] == report["converted"] - 30 == manifest["files"]["gsm8k_rl_train.jsonl"]["rows"]
+    assert manifest["files"]["sft_train.jsonl"]["families"]["gsm8k"] == 30
