@@ -7,9 +7,10 @@ import hmac
 import gradio as gr
 from fastapi import FastAPI
 
-from rstar.ui.chat import RENDER_INTERVAL_S, build_chat_tab
+from rstar.ui.chat import CHAT_CLASS, RENDER_INTERVAL_S, build_chat_tab
 from rstar.ui.client import ApiClient, ApiError
 from rstar.ui.evals import build_evals_tab
+from rstar.ui.render import CELL_CLASS, NOTE_CLASS
 from rstar.ui.training import build_training_tab
 
 UI_PATH = "/ui"
@@ -18,8 +19,16 @@ UI_PATH = "/ui"
 # (the page would wait on them).
 THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 
-CSS = """
-#chat-notice p, #evals-notice p, #training-notice p { color: #b45309; font-weight: 600; }
+# Gradio gives every chat message a copy button and every code block another (six for one answer with a cell).
+# A chat of answers keeps one per cell, its code's, and one per answer, the answer message's own: the reasoning,
+# the raw answer, a cell's message and outputs, and the notes (stopped, cut off) keep none. The conversation list
+# shows one conversation a line and scrolls past a screenful.
+CSS = f"""
+#chat-notice p, #evals-notice p, #training-notice p {{ color: #b45309; font-weight: 600; }}
+.{CHAT_CLASS} .message:has(.thought-group, .{CELL_CLASS}, .{NOTE_CLASS}) + .message-buttons,
+.{CHAT_CLASS} .message:not(:has(.{CELL_CLASS})) .copy_code_button,
+.{CHAT_CLASS} .code_wrap:not(:has(code.language-python)) .copy_code_button {{ display: none; }}
+#conversations .wrap {{ flex-direction: column; flex-wrap: nowrap; max-height: 560px; overflow-y: auto; }}
 """
 
 

@@ -40,6 +40,23 @@ LATEX_DELIMITERS = [
     {"left": "\\(", "right": "\\)", "display": False},
 ]
 
+# The class of every chat of answers, which the page's stylesheet (ui/app.py) styles.
+CHAT_CLASS = "answers"
+
+
+def answers_chatbot(**options: Any) -> gr.Chatbot:
+    """A chat of the model's answers (the Chat tab's and an eval sample's): no label band above it, math rendered,
+    and a copy button per message only (the stylesheet keeps the cells' and the answer's, CHAT_CLASS)."""
+    return gr.Chatbot(
+        show_label=False,
+        latex_delimiters=LATEX_DELIMITERS,
+        buttons=["copy"],
+        feedback_options=None,
+        layout="panel",
+        elem_classes=[CHAT_CLASS],
+        **options,
+    )
+
 
 T = TypeVar("T")
 
@@ -169,7 +186,7 @@ def apply_event(turn: AssistantTurn, event: StreamEvent) -> None:
 
 
 def conversation_choices(conversations: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """Dropdown (label, id) pairs; the API gives `created_at` in unix seconds, as OpenAI's objects do."""
+    """The conversation list's (label, id) pairs; the API gives `created_at` in unix seconds, as OpenAI's objects do."""
 
     def when(created: int) -> str:
         return datetime.fromtimestamp(created, timezone.utc).strftime("%Y-%m-%d %H:%M")
@@ -185,23 +202,17 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
     with gr.Row():
         with gr.Column(scale=1, min_width=260):
             new_chat = gr.Button("+ New chat", elem_id="new-chat")
-            conversations = gr.Dropdown(label="Stored conversations", choices=[], value=None, interactive=True, elem_id="conversations")
+            conversations = gr.Radio(label="Conversations", choices=[], value=None, elem_id="conversations")
             with gr.Row():
                 refresh = gr.Button("↻ Refresh", size="sm", elem_id="refresh-conversations")
-                open_button = gr.Button("Open", size="sm", elem_id="open-conversation")
                 delete = gr.Button("Delete", size="sm", variant="stop", elem_id="delete-conversation")
             export = gr.Button("Export as JSON", size="sm", elem_id="export-conversation")
             export_file = gr.File(label="Exported conversation", visible=False, elem_id="export-file")
         with gr.Column(scale=4):
             alert = gr.Markdown(elem_id="chat-notice")
-            chatbot = gr.Chatbot(
-                label="rStar2-Agent",
+            chatbot = answers_chatbot(
                 elem_id="chatbot",
                 height=620,
-                latex_delimiters=LATEX_DELIMITERS,
-                buttons=["copy", "copy_all"],
-                feedback_options=None,
-                layout="panel",
                 placeholder="Ask a math question: the model reasons, writes Python, runs it in the sandbox and answers.",
             )
             with gr.Row():
@@ -275,6 +286,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
         finally:
             if stops.get(request.session_hash) is stop:
                 del stops[request.session_hash]
+        turn.stopped = stop.is_set()
         progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": shown + turn_messages(turn)}
         yield progress["display"], progress, gr.skip(), "", answer_signal(number, "stopped" if stop.is_set() else "done")
 
@@ -283,13 +295,14 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
             if request.session_hash in pending:
                 pending[request.session_hash].set()
 
-    async def list_conversations(selected):
+    async def list_conversations(state):
+        """The stored conversations, newest first, the open one selected."""
         try:
             choices = conversation_choices(await client.conversations())
         except ApiError as exc:
             return gr.update(), notice(str(exc))
         ids = [value for _, value in choices]
-        return gr.update(choices=choices, value=selected if selected in ids else None), ""
+        return gr.update(choices=choices, value=state["conversation_id"] if state["conversation_id"] in ids else None), ""
 
     async def open_conversation(conversation_id):
         if not conversation_id:
@@ -335,24 +348,24 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
     submitted = box.submit(arm, None, None, queue=False, trigger_mode="multiple").then(**answering)
     clicked = send.click(arm, None, None, queue=False, trigger_mode="multiple").then(**answering)
     for event in (submitted, clicked):
-        event.then(list_conversations, conversations, [conversations, alert])
+        event.then(list_conversations, state, [conversations, alert])
     # Stop asks the running answer to end rather than cancelling its task (Gradio's `cancels`): the answer then
     # closes its HTTP stream, so the server aborts the generation, and ends with the partial answer shown. A
     # cancelled task ends the event without a last update, and Gradio may then show "Error" over the chat.
     stop.click(stop_answer, None, None, queue=False)
     new_chat.click(lambda: ([], new_state(), None, ""), None, [chatbot, state, conversations, alert])
-    refresh.click(list_conversations, conversations, [conversations, alert])
-    open_button.click(open_conversation, conversations, [chatbot, state, alert])
+    refresh.click(list_conversations, state, [conversations, alert])
+    conversations.input(open_conversation, conversations, [chatbot, state, alert])
     delete.click(delete_conversation, [conversations, state], [conversations, chatbot, state, alert])
     export.click(export_conversation, [state, model], [export_file, alert])
 
-    async def on_load(selected):
-        """Fill the model list and the stored conversations; say so on the page if the server is not there."""
+    async def on_load(state):
+        """Fill the model list and the conversations; say so on the page if the server is not there."""
         try:
             names = await client.models()
-            choices = conversation_choices(await client.conversations())
         except ApiError as exc:
             return gr.update(), gr.update(), notice(str(exc))
-        return gr.update(choices=names, value=names[0] if names else None), gr.update(choices=choices, value=None), ""
+        listed, said = await list_conversations(state)
+        return gr.update(choices=names, value=names[0] if names else None), listed, said
 
-    demo.load(on_load, conversations, [model, conversations, alert])
+    demo.load(on_load, state, [model, conversations, alert])

@@ -8,7 +8,7 @@ from typing import Any
 import gradio as gr
 from PIL import Image
 
-from rstar.ui.chat import LATEX_DELIMITERS, notice
+from rstar.ui.chat import answers_chatbot, notice
 from rstar.ui.client import ApiClient, ApiError
 from rstar.ui.render import sample_messages, scores_caption, scores_table
 
@@ -61,9 +61,7 @@ def build_evals_tab(client: ApiClient, demo: gr.Blocks) -> None:
         sample_id = gr.Number(label="Sample id", value=None, precision=0, scale=1, elem_id="sample-id")
         open_sample = gr.Button("Open sample", scale=1, elem_id="open-sample")
     samples = gr.Dataframe(headers=SAMPLE_COLUMNS, label="Samples (click a row to open it)", interactive=False, elem_id="samples")
-    trajectory = gr.Chatbot(
-        label="Sample trajectory", elem_id="sample-trajectory", height=600, latex_delimiters=LATEX_DELIMITERS, feedback_options=None, layout="panel", autoscroll=False
-    )
+    trajectory = answers_chatbot(elem_id="sample-trajectory", height=600, autoscroll=False)
 
     async def list_runs(selected):
         try:

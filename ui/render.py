@@ -262,6 +262,7 @@ class AssistantTurn:
         for cell in message.get("code_cells") or []:
             turn.update_cell(cell)
         turn.add_content(message.get("content") or "")
+        turn.finish_reason = message.get("finish_reason")
         return turn
 
 

@@ -195,6 +195,8 @@ def test_a_stored_conversation_renders_reasoning_cells_then_the_answer():
     shown = conversation_messages(stored)
     assert [m.get("metadata", {}).get("title") for m in shown] == [None, "Reasoning", None, None]
     assert shown[0] == {"role": "user", "content": "6*7?"} and "print(6*7)" in shown[2]["content"] and shown[3]["content"] == "42"
+    cut = conversation_messages([{"role": "assistant", "content": "4", "finish_reason": "length"}])
+    assert "max-tokens" in cut[-1]["content"]  # how it ended, as when it streamed
 
 
 def test_a_trajectory_becomes_reasoning_cell_reasoning_answer(written, right):
