@@ -31,6 +31,23 @@ def ui_url(live_server):
 
 
 @pytest.fixture(scope="module")
+def stand_in():
+    """The UI on a stand-in API (tests/e2e/stand_in_api.py), one per test module: (the API, the UI's URL). Its
+    answers are endless until a test sets `answer`."""
+    from fastapi import FastAPI
+
+    from rstar.ui.app import UI_PATH, mount_ui
+    from tests.e2e.stand_in_api import StandInApi
+
+    api = StandInApi()
+    api_url, stop_api = serve_in_thread(api.app())
+    base_url, stop_ui = serve_in_thread(mount_ui(FastAPI(), api_url))
+    yield api, f"{base_url}{UI_PATH}/"
+    stop_ui()
+    stop_api()
+
+
+@pytest.fixture(scope="module")
 def browser():
     # Module scope, not session: Playwright's sync API keeps an event loop running on the main thread while
     # it is open, and every later test that calls asyncio.run() would then fail.

@@ -138,9 +138,7 @@ def test_a_stored_conversation_opens(page, live_server):
     ).json()
     conversation_id = reply["conversation_id"]
     page.click("#refresh-conversations")
-    page.locator("#conversations input").click()
-    page.locator("#conversations [role=option]", has_text="Stored-conversation probe").first.click()
-    page.click("#open-conversation")
+    page.locator("#conversations label", has_text="Stored-conversation probe").first.click()
     page.wait_for_function(f"document.querySelector('#chatbot').innerText.includes({probe!r})", timeout=30_000)
     shown = chat_text(page)
     message = reply["choices"][0]["message"]
@@ -170,6 +168,30 @@ def test_a_stored_conversation_opens(page, live_server):
     assert httpx.get(f"{live_server.base_url}/v1/conversations/{conversation_id}").status_code == 404
 
 
+def ask_the_api(base_url: str, prompt: str, prefix: str = "") -> dict:
+    """One stored exchange made through the API, as a client other than the page makes it."""
+    messages = [{"role": "user", "content": prompt}] + ([{"role": "assistant", "content": prefix}] if prefix else [])
+    body = {"model": MODEL, "messages": messages, "max_tokens": 16, "temperature": 0, "continue_final_message": bool(prefix)}
+    return httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120).json()
+
+
+def test_conversations_made_through_the_api_are_listed_when_the_page_opens(new_page, ui_url, live_server):
+    older = ask_the_api(live_server.base_url, "Listed-on-load probe one: what is 6*7?", prefix="I will run it.\n" + FORCED_CALL)
+    newer = ask_the_api(live_server.base_url, "Listed-on-load probe two: name a color.")
+    page = new_page(ui_url)
+    page.locator("#conversations label", has_text="Listed-on-load probe one").wait_for()
+    titles = page.locator("#conversations label").all_inner_texts()
+    first, second = (next(i for i, title in enumerate(titles) if probe in title) for probe in ("probe two", "probe one"))
+    assert first < second, titles  # newest first
+    assert all(" · 20" in title for title in titles), titles  # each with its time
+    # Opening one shows its cell as it ran: code, status, output.
+    page.locator("#conversations label", has_text="Listed-on-load probe one").click()
+    cell = page.locator("#chatbot .message", has_text="Python cell 1").last
+    cell.wait_for()
+    assert all(text in cell.inner_text() for text in ("✓ ok", "print(6*7)", "stdout", "42"))
+    assert older["conversation_id"] != newer["conversation_id"]
+
+
 def test_an_eval_run_drills_down_to_a_sample_trajectory(page, live_server, tmp_path, default_tokenizer):
     # The runner writes through the server's own database engine; in a thread, as Playwright holds this one's loop.
     with ThreadPoolExecutor(1) as writer:
@@ -194,6 +216,10 @@ def test_an_eval_run_drills_down_to_a_sample_trajectory(page, live_server, tmp_p
     )
     shown = page.locator("#sample-trajectory").inner_text()
     assert "Python cell 1 · ✓ ok" in shown and written.code in shown
+    # The answer renders as in the chat: its box as math, no <answer> tags in view.
+    boxed = f"\\boxed{{{written.right_doc['answer']}}}"
+    page.wait_for_function("(boxed) => [...document.querySelectorAll('#sample-trajectory .katex annotation')].some(a => a.textContent === boxed)", arg=boxed)
+    assert "answer>" not in shown and "Answer:" in shown
 
 
 def test_the_training_tab_shows_a_run_its_curves_and_last_step(page, live_server):
