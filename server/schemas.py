@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from rstar.sandbox.tools import ToolProtocol
 from rstar.server.engine import SamplingOptions
@@ -37,10 +37,28 @@ class SamplingFields(_Request):
         return SamplingOptions(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), seed=self.seed)
 
 
+# The engine checks every stop string against the text after each token, and holds back as many characters as
+# the longest one before streaming them: a request's stop strings are bounded (OpenAI allows 4), and its stop
+# token ids, which every request carries along, too.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+
+
 class StopFields(SamplingFields):
     """The sampling fields of the endpoints that also take stop strings (chat and completions)."""
 
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, description=f"At most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters each.")
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        strings = [stop] if isinstance(stop, str) else stop or []
+        if len(strings) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(strings)}")
+        if any(len(string) > MAX_STOP_CHARS for string in strings):
+            raise ValueError(f"each stop string may have at most {MAX_STOP_CHARS} characters")
+        return stop
 
     @property
     def stop_list(self) -> tuple[str, ...]:
@@ -369,7 +387,7 @@ class CompletionRequest(StopFields):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=16)
     max_tokens: int | None = Field(16, ge=1)
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     logprobs: int | None = Field(None, ge=0, le=20, description="Logprobs of the sampled token plus this many top alternatives.")
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False

@@ -227,3 +227,26 @@ def test_a_request_runs_at_most_its_share_of_sandbox_cells_whatever_its_n(make_s
     completion = client.chat.completions.create(model="scripted", messages=QUESTION, n=3)
     assert [len(choice.message.code_cells) for choice in completion.choices] == [1, 1, 1]
     assert sandbox.most_running == 1  # api.sandbox_cells_per_request: the three calls took turns
+
+
+# -- stop strings and stop token ids --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("route", "field", "value"),
+    [
+        ("/v1/chat/completions", "stop", ["x"] * 17),
+        ("/v1/chat/completions", "stop", "x" * 257),
+        ("/v1/completions", "stop", ["ok", "x" * 257]),
+        ("/v1/completions", "stop_token_ids", list(range(257))),
+    ],
+    ids=["17 strings", "a long string", "a long one among others", "257 token ids"],
+)
+def test_stop_strings_and_stop_token_ids_past_their_bounds_are_a_400_naming_them(make_server, route, field, value):
+    _, http, engine, _ = make_server()
+    prompt = {"messages": QUESTION} if route == "/v1/chat/completions" else {"prompt": "2+2="}
+    response = http.post(route, json={"model": "scripted", **prompt, field: value})
+    assert response.status_code == 400 and response.json()["error"]["param"] == field, response.text
+    assert engine.prompts == []
+    at_the_bounds = {"stop": ["x" * 256] * 16} if field == "stop" else {"stop_token_ids": list(range(256))}
+    assert http.post(route, json={"model": "scripted", **prompt, **at_the_bounds}).status_code == 200
