@@ -12,7 +12,8 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -83,25 +84,19 @@ async def list_models(request: Request) -> ModelList:
 @router.post("/v1/chat/completions", dependencies=API_KEY)
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     chat: ChatService = request.app.state.chat
-    if body.stream:
-        return _event_stream(request, await chat.stream(body, time.monotonic()))
-    return await _unless_disconnected(request, chat.complete(body, time.monotonic()))
+    return await _answer(request, body, chat.stream, chat.complete)
 
 
 @router.post("/v1/completions", dependencies=API_KEY)
 async def completions(body: CompletionRequest, request: Request):
     service: CompletionService = request.app.state.completions
-    if body.stream:
-        return _event_stream(request, await service.stream(body, time.monotonic()))
-    return await _unless_disconnected(request, service.complete(body, time.monotonic()))
+    return await _answer(request, body, service.stream, service.complete)
 
 
 @router.post("/v1/responses", dependencies=API_KEY)
 async def responses(body: ResponsesRequest, request: Request):
     service: ResponsesService = request.app.state.responses
-    if body.stream:
-        return _event_stream(request, await service.stream(body, time.monotonic()))
-    return await _unless_disconnected(request, service.create(body, time.monotonic()))
+    return await _answer(request, body, service.stream, service.create)
 
 
 @router.post("/tokenize", dependencies=API_KEY)
@@ -112,6 +107,14 @@ async def tokenize_route(body: TokenizeRequest, request: Request) -> dict:
 @router.post("/detokenize", dependencies=API_KEY)
 async def detokenize_route(body: DetokenizeRequest, request: Request) -> dict:
     return detokenize(request.app.state.serving, body)
+
+
+async def _answer(request: Request, body: Any, streamed: Callable[..., Awaitable[AdmittedStream]], whole: Callable[..., Awaitable[Any]]):
+    """`body`'s answer: an SSE stream when it asks for one, else the whole answer unless its client leaves first."""
+    received_at = time.monotonic()
+    if body.stream:
+        return _event_stream(request, await streamed(body, received_at))
+    return await _unless_disconnected(request, whole(body, received_at))
 
 
 async def _unless_disconnected(request: Request, work: Awaitable):
