@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterator, Sequence
-from datetime import timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from uuid import uuid4
 
@@ -22,6 +23,10 @@ from rstar.server.db import Conversation, Message, StoredTrajectory
 from rstar.server.trajectory import Trajectory
 
 EXPORT_BATCH = 200  # rows read per query while exporting, so an export never loads the whole table
+PURGE_BATCH = 500  # conversations deleted per transaction by the retention purge
+PURGE_INTERVAL_S = 3600.0
+
+log = logging.getLogger("rstar.server")
 
 
 def _title(messages: Sequence[dict[str, Any]]) -> str:
@@ -61,6 +66,7 @@ class ConversationStore:
                 conversation = Conversation(id=conversation_id or self.new_id(), model=model, title=_title(messages))
                 session.add(conversation)
             else:
+                conversation.updated_at = datetime.now(timezone.utc)
                 conversation.messages.clear()
                 session.flush()  # the old rows go before new ones take their positions
             for position, message in enumerate([*messages, *replies]):
@@ -109,6 +115,21 @@ class ConversationStore:
             session.commit()
             return bool(deleted)
 
+    def purge(self, older_than: datetime) -> int:
+        """Delete every conversation whose latest exchange is older than `older_than`, with its messages and
+        trajectories, a batch per transaction so no transaction grows with the table; how many went."""
+        purged = 0
+        while True:
+            with self.sessions() as session:
+                ids = session.scalars(select(Conversation.id).where(Conversation.updated_at < older_than).limit(PURGE_BATCH)).all()
+                if not ids:
+                    return purged
+                session.execute(delete(Message).where(Message.conversation_id.in_(ids)))
+                session.execute(delete(StoredTrajectory).where(StoredTrajectory.conversation_id.in_(ids)))
+                session.execute(delete(Conversation).where(Conversation.id.in_(ids)))
+                session.commit()
+            purged += len(ids)
+
     def export_jsonl(self) -> Iterator[str]:
         """One JSON line per stored trajectory, oldest first, read in batches."""
         last_id = 0
@@ -128,6 +149,21 @@ class ConversationStore:
                 }
                 yield json.dumps(record, ensure_ascii=False) + "\n"
             last_id = rows[-1].id
+
+
+async def purge_periodically(store: ConversationStore, retention_days: float, interval_s: float = PURGE_INTERVAL_S) -> None:
+    """Keep only the conversations of the last `retention_days`: purge now, then every `interval_s`, in a
+    thread (a purge of many rows must not hold the event loop). A failed purge is logged and tried again."""
+    while True:
+        cutoff = datetime.now(timezone.utc) - timedelta(days=retention_days)
+        try:
+            purged = await asyncio.to_thread(store.purge, cutoff)
+        except Exception:
+            log.exception("the conversation retention purge failed; it runs again in %g s", interval_s)
+        else:
+            if purged:
+                log.info("purged %d conversations older than %g days (setting conversation_retention_days)", purged, retention_days)
+        await asyncio.sleep(interval_s)
 
 
 def _summary(conversation: Conversation) -> dict[str, Any]:

@@ -42,6 +42,7 @@ class Conversation(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: uuid4().hex)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=_now, index=True)  # its latest exchange
     model: Mapped[str] = mapped_column(String(256))
     title: Mapped[str] = mapped_column(String(256), default="")
     messages: Mapped[list[Message]] = relationship(back_populates="conversation", order_by="Message.position", cascade="all, delete-orphan")

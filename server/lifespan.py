@@ -7,6 +7,7 @@ endpoint services on `app.state`, where the routes find them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,7 +17,7 @@ from fastapi import FastAPI
 from rstar.config import Settings
 from rstar.sandbox.clients import SandboxClient, connect
 from rstar.server.chat_template import choose_template
-from rstar.server.conversations import ConversationStore
+from rstar.server.conversations import ConversationStore, purge_periodically
 from rstar.server.db import close_database, open_database
 from rstar.server.engine import TokenEngine
 from rstar.server.limits import Admission
@@ -63,9 +64,14 @@ async def serving_lifespan(
     app.state.completions = CompletionService(serving)
     app.state.responses = ResponsesService(serving)
     log.info("serving %s on http://%s:%d", model_name, settings.host, settings.port)
+    retention = settings.conversation_retention_days
+    purging = asyncio.create_task(purge_periodically(serving.store, retention)) if retention else None
     try:
         yield serving
     finally:
+        if purging is not None:
+            purging.cancel()
+            await asyncio.gather(purging, return_exceptions=True)
         serving.renderer.shutdown(wait=False, cancel_futures=True)
         await sandbox.close()
         await engine.shutdown()

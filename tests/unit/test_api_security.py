@@ -9,12 +9,14 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import pytest
 
 from rstar.app import build_app
 from rstar.config import load_settings
+from rstar.server.db import Conversation
 from tests.processes import serve_in_thread
 from tests.scripted_engine import ScriptedEngine
 from tests.scripted_sandbox import ScriptedSandbox
@@ -250,3 +252,38 @@ def test_stop_strings_and_stop_token_ids_past_their_bounds_are_a_400_naming_them
     assert engine.prompts == []
     at_the_bounds = {"stop": ["x" * 256] * 16} if field == "stop" else {"stop_token_ids": list(range(256))}
     assert http.post(route, json={"model": "scripted", **prompt, **at_the_bounds}).status_code == 200
+
+
+# -- conversations kept no longer than the retention ----------------------------------------------------
+
+
+def _backdate(http, conversation_id: str, days: float) -> None:
+    with http.app.state.database() as session:
+        conversation = session.get(Conversation, conversation_id)
+        conversation.created_at = conversation.updated_at = datetime.now(timezone.utc) - timedelta(days=days)
+        session.commit()
+
+
+def _exported_ids(http) -> set[str]:
+    return {json.loads(line)["conversation_id"] for line in http.get("/v1/conversations/export.jsonl").text.splitlines()}
+
+
+def test_conversations_past_the_retention_are_purged_with_their_trajectories(make_server):
+    client, http, _, _ = make_server(conversation_retention_days=0)
+    old, continued, recent = (client.chat.completions.create(model="scripted", messages=QUESTION).conversation_id for _ in range(3))
+    _backdate(http, old, 31)
+    _backdate(http, continued, 31)
+    client.chat.completions.create(model="scripted", messages=QUESTION, extra_body={"conversation_id": continued})  # an exchange today
+    assert http.app.state.serving.store.purge(datetime.now(timezone.utc) - timedelta(days=30)) == 1
+    assert http.get(f"/v1/conversations/{old}").status_code == 404
+    assert all(http.get(f"/v1/conversations/{kept}").status_code == 200 for kept in (continued, recent))
+    assert _exported_ids(http) == {continued, recent}
+
+
+def test_the_server_purges_old_conversations_when_it_starts(make_server):
+    client, http, _, _ = make_server(conversation_retention_days=0)  # 0 keeps them forever
+    old, recent = (client.chat.completions.create(model="scripted", messages=QUESTION).conversation_id for _ in range(2))
+    _backdate(http, old, 8)
+    _, http, _, _ = make_server(conversation_retention_days=7)  # the same database
+    wait_for(lambda: http.get(f"/v1/conversations/{old}").status_code == 404, 10, "the old conversation is still stored")
+    assert http.get(f"/v1/conversations/{recent}").status_code == 200 and _exported_ids(http) == {recent}
