@@ -12,7 +12,7 @@ import itertools
 import json
 import logging
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
@@ -138,6 +138,21 @@ def new_state() -> dict[str, Any]:
 
 def notice(message: str) -> str:
     return f"⚠ {message}" if message else ""
+
+
+async def listed_choices(
+    listing: Awaitable[Any], to_choices: Callable[[Any], list[tuple[str, str]]], selected: str | None, empty: str = "", first: bool = False
+) -> tuple[Any, str]:
+    """A dropdown refreshed from an API listing, and the notice to show beside it: the choices with `selected`
+    kept while it is still listed (else the first one when `first`, else none); the API's error, or `empty`
+    when nothing is listed."""
+    try:
+        choices = to_choices(await listing)
+    except ApiError as exc:
+        return gr.update(), notice(str(exc))
+    ids = [value for _, value in choices]
+    value = selected if selected in ids else (ids[0] if first and ids else None)
+    return gr.update(choices=choices, value=value), "" if choices else empty
 
 
 def request_payload(
@@ -297,12 +312,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
 
     async def list_conversations(state):
         """The stored conversations, newest first, the open one selected."""
-        try:
-            choices = conversation_choices(await client.conversations())
-        except ApiError as exc:
-            return gr.update(), notice(str(exc))
-        ids = [value for _, value in choices]
-        return gr.update(choices=choices, value=state["conversation_id"] if state["conversation_id"] in ids else None), ""
+        return await listed_choices(client.conversations(), conversation_choices, state["conversation_id"])
 
     async def open_conversation(conversation_id):
         if not conversation_id:

@@ -8,7 +8,7 @@ from typing import Any
 import gradio as gr
 from PIL import Image
 
-from rstar.ui.chat import answers_chatbot, notice
+from rstar.ui.chat import answers_chatbot, listed_choices, notice
 from rstar.ui.client import ApiClient, ApiError
 from rstar.ui.render import sample_messages, scores_caption, scores_table
 
@@ -64,12 +64,7 @@ def build_evals_tab(client: ApiClient, demo: gr.Blocks) -> None:
     trajectory = answers_chatbot(elem_id="sample-trajectory", height=600, autoscroll=False)
 
     async def list_runs(selected):
-        try:
-            choices = run_choices(await client.eval_runs())
-        except ApiError as exc:
-            return gr.update(), notice(str(exc))
-        ids = [value for _, value in choices]
-        return gr.update(choices=choices, value=selected if selected in ids else None), "" if choices else "No eval runs yet: start one with `rstar eval run`."
+        return await listed_choices(client.eval_runs(), run_choices, selected, empty="No eval runs yet: start one with `rstar eval run`.")
 
     async def show_run(run_id):
         if not run_id:

@@ -8,7 +8,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from rstar.ui.chat import notice
+from rstar.ui.chat import listed_choices, notice
 from rstar.ui.client import ApiClient, ApiError
 
 # (title, metrics) of each chart; a chart shows the metrics the run's steps carry.
@@ -71,12 +71,7 @@ def build_training_tab(client: ApiClient, demo: gr.Blocks) -> None:
     timer = gr.Timer(REFRESH_S)
 
     async def list_runs(selected):
-        try:
-            choices = run_choices(await client.rl_runs())
-        except ApiError as exc:
-            return gr.update(), notice(str(exc))
-        ids = [value for _, value in choices]
-        return gr.update(choices=choices, value=selected if selected in ids else (ids[0] if ids else None)), "" if choices else "No RL runs yet."
+        return await listed_choices(client.rl_runs(), run_choices, selected, empty="No RL runs yet.", first=True)
 
     async def show_run(run_id_value):
         if not run_id_value:
