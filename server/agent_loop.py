@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -60,6 +61,17 @@ class LoopConfig:
     def __post_init__(self):
         if self.max_turns < 1 or self.max_parallel_calls < 1:
             raise ValueError("max_turns and max_parallel_calls must be at least 1")
+
+
+def turn_seed(seed: int | None, turn: int) -> int | None:
+    """The sampling seed of one turn of a seeded trajectory. Each turn is a new engine request, and the same
+    seed on each would replay one random stream turn after turn, so the turns would not be independent draws.
+    The first turn keeps the request's seed (a one-turn answer samples as vLLM does with it); later turns
+    derive theirs from it and the turn index."""
+    if seed is None or turn == 0:
+        return seed
+    digest = hashlib.sha256(f"{seed}/turn/{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 # Loop events, besides the parser's StreamEvents (text, tool call started / arguments / ended).
@@ -183,6 +195,7 @@ async def run_agent(
         yield TurnStarted(turn)
         options = dataclasses.replace(
             sampling,
+            seed=turn_seed(sampling.seed, turn),
             max_tokens=budget - len(trajectory.response_ids),
             stop_token_ids=tuple(dict.fromkeys((*sampling.stop_token_ids, *turn_end_ids))),
             logprobs=config.top_logprobs if config.logprobs else None,
@@ -214,7 +227,7 @@ async def run_agent(
 
         start = len(trajectory.response_ids)
         _append(trajectory, sampled.token_ids, mask=1, logprobs=sampled.logprobs if config.logprobs else None)
-        trajectory.turns.append(Turn(start, len(trajectory.response_ids), sampled.text, sampled.finish_reason, weight_version))
+        trajectory.turns.append(Turn(start, len(trajectory.response_ids), sampled.text, sampled.finish_reason, weight_version, options.seed))
         yield TurnEnded(turn, sampled.finish_reason)
 
         if sampled.finish_reason in ("length", "abort"):

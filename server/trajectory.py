@@ -91,6 +91,7 @@ class Turn:
     text: str  # as decoded for clients (special tokens skipped)
     finish_reason: str | None  # the engine's: stop, length or abort
     weight_version: int
+    seed: int | None = None  # the sampling seed this turn was drawn with (agent_loop.turn_seed)
 
 
 @dataclass

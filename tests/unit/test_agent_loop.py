@@ -20,6 +20,7 @@ from rstar.server.agent_loop import (
     prior_jupyter_cells,
     run_agent,
     run_trajectory,
+    turn_seed,
 )
 from rstar.server.builtin_tools import builtin_tool_schemas
 from rstar.server.chat_template import choose_template, rstar_template
@@ -122,6 +123,24 @@ def test_trajectory_records_logprobs_calls_and_versions(default_tokenizer):
     assert trajectory.weight_version == 7 and {t.weight_version for t in trajectory.turns} == {7}
     assert trajectory.turns[-1].text.endswith("<answer>\\boxed{16}</answer>")
     assert json.loads(json.dumps(trajectory.to_dict())) == trajectory.to_dict()  # storable as it is
+
+
+def test_turn_seeds_are_derived_from_the_sample_seed_and_the_turn():
+    assert turn_seed(None, 3) is None and turn_seed(12345, 0) == 12345  # unseeded stays so; a one-turn answer keeps its seed
+    seeds = [turn_seed(12345, turn) for turn in range(30)]
+    assert len(set(seeds)) == 30 and all(0 <= seed < 2**31 for seed in seeds)
+    assert seeds == [turn_seed(12345, turn) for turn in range(30)]  # pure
+    assert (turn_seed(12345, 1), turn_seed(0, 2)) == (2763157, 1879924865)  # golden: a change reseeds every stored run
+
+
+def test_each_turn_samples_with_its_own_seed_and_the_trajectory_records_it(default_tokenizer):
+    engine = scripted_engine(default_tokenizer, TWO_TOOL_TURNS)
+    sampling = SamplingOptions(max_tokens=1, temperature=0.6, seed=12345)
+    trajectory = asyncio.run(run_trajectory(engine, rstar_template(default_tokenizer), QUESTION, TOOLS, sampling, scripted_sandbox(OUTPUTS).executor(), LoopConfig()))
+    sent = [options.seed for options in engine.sampling]
+    assert sent == [turn.seed for turn in trajectory.turns] == [turn_seed(12345, turn) for turn in range(3)]
+    assert len(set(sent)) == 3
+    assert trajectory.to_dict()["turns"][1]["seed"] == sent[1]
 
 
 def test_one_budget_for_the_whole_trajectory(default_tokenizer):
