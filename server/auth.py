@@ -36,7 +36,7 @@ def _check_bearer(request: Request, key: str | None, which: str) -> None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     # Constant-time comparison: the server may face the internet.
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), key.encode()):
-        raise APIError(401, f"Incorrect or missing {which}: send `Authorization: Bearer <key>`.", code=f"invalid_{which.replace(' ', '_')}")
+        raise APIError(401, f"Incorrect or missing {which}: send `Authorization: Bearer <key>`.", code=f"invalid_{which.lower().replace(' ', '_')}")
 
 
 async def require_api_key(request: Request) -> None:

@@ -125,7 +125,8 @@ def test_without_a_key_only_loopback_host_headers_are_answered(make_server):
 def test_with_a_key_any_host_is_answered_with_the_key(make_server):
     _, http, _, _ = make_server(api_key="sekrit")
     assert http.get("/v1/models", headers={"host": "api.example.com", "authorization": "Bearer sekrit"}).status_code == 200
-    assert http.get("/v1/models", headers={"host": "api.example.com", "authorization": "Bearer "}).status_code == 401
+    refused = http.get("/v1/models", headers={"host": "api.example.com", "authorization": "Bearer "})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"  # OpenAI's code
 
 
 def test_the_conversation_list_and_export_need_the_admin_key_when_there_is_one(make_server):
@@ -133,7 +134,8 @@ def test_the_conversation_list_and_export_need_the_admin_key_when_there_is_one(m
     client.chat.completions.create(model="scripted", messages=QUESTION)
     chat, admin = {"authorization": "Bearer chat"}, {"authorization": "Bearer admin"}
     for path in ("/v1/conversations", "/v1/conversations/export.jsonl"):
-        assert http.get(path, headers=chat).status_code == 401, path
+        refused = http.get(path, headers=chat)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_admin_key", path
         assert http.get(path, headers=admin).status_code == 200, path
     listed = http.get("/v1/conversations", headers=admin).json()["data"]
     assert http.get(f"/v1/conversations/{listed[0]['id']}", headers=chat).status_code == 200  # its id is what the client was given
