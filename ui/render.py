@@ -286,10 +286,10 @@ def turn_messages(turn: AssistantTurn, streaming: bool = False) -> list[dict[str
         live = streaming and position == len(turn.segments) - 1
         if kind == "reasoning":
             messages.append({"role": "assistant", "content": math_boxes(text), "metadata": {"title": "Reasoning", "status": "pending" if live else "done"}})
-        else:
-            messages.append({"role": "assistant", "content": answer_markdown(text, streaming=live)})
+        elif shown := answer_markdown(text, streaming=live):  # not a bare tag
+            messages.append({"role": "assistant", "content": shown})
     raw = strip_tool_calls(turn.content).strip()
-    if not streaming and raw and answer_markdown(raw) != raw:
+    if not streaming and answer_markdown(raw) not in ("", raw):
         messages.append({"role": "assistant", "content": fence(raw), "metadata": {"title": "Raw answer", "status": "done"}})
     if turn.stopped:
         messages.append(_note("■ stopped"))

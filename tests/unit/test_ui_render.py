@@ -183,6 +183,7 @@ def test_an_ended_turn_shows_the_rendered_answer_then_the_raw_one_folded():
 def test_a_stopped_turn_says_so_after_what_it_had():
     turn = AssistantTurn(stopped=True)
     turn.add_reasoning("Let me")
+    turn.add_content("<answer>")  # stopped as the answer began: nothing of it to show, raw or not
     messages = turn_messages(turn)
     assert messages[0]["content"] == "Let me" and "■ stopped" in messages[-1]["content"] and len(messages) == 2
 
