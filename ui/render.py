@@ -185,6 +185,15 @@ def boxed_values(text: str) -> list[str]:
     return [text[start + len(_BOXED) : end - 1] for start, end in _box_spans(text)]
 
 
+def _outside_boxes(text: str) -> str:
+    """`text` without its complete boxes."""
+    kept, copied = [], 0
+    for start, end in _box_spans(text):
+        kept.append(text[copied:start])
+        copied = end
+    return "".join(kept) + text[copied:]
+
+
 def _without_answer_tags(text: str, streaming: bool) -> str:
     text = _ANSWER_TAG.sub("", text)
     if streaming:  # a tag still arriving ("<ans") is not shown for the moment it takes to complete
@@ -202,9 +211,7 @@ def answer_markdown(text: str, streaming: bool = False) -> str:
     if not values:
         return math_boxes(shown)
     line = "**Answer:** $" + ", ".join(f"\\boxed{{{value}}}" for value in values) + "$"
-    ends = [0] + [end for _, end in _box_spans(shown)]
-    starts = [start for start, _ in _box_spans(shown)] + [len(shown)]
-    if not any(char.isalnum() for end, start in zip(ends, starts) for char in shown[end:start]):
+    if not any(char.isalnum() for char in _outside_boxes(shown)):
         return line
     return f"{line}\n\n{math_boxes(shown)}"
 
