@@ -21,7 +21,7 @@ from starlette.types import Message, Send
 
 import rstar
 from rstar.asgi import ClientDisconnected, cancel_on_disconnect
-from rstar.server.auth import API_KEY
+from rstar.server.auth import API_KEY, key_owner
 from rstar.server.engine import EngineFailed
 from rstar.server.errors import APIError, error_body
 from rstar.server.limits import AdmittedStream, RequestTimeout
@@ -84,7 +84,8 @@ async def list_models(request: Request) -> ModelList:
 @router.post("/v1/chat/completions", dependencies=API_KEY)
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     chat: ChatService = request.app.state.chat
-    return await _answer(request, body, chat.stream, chat.complete)
+    owner = key_owner(request)
+    return await _answer(request, body, functools.partial(chat.stream, owner=owner), functools.partial(chat.complete, owner=owner))
 
 
 @router.post("/v1/completions", dependencies=API_KEY)

@@ -7,6 +7,7 @@ The key checks are route dependencies (`API_KEY`, `ADMIN_KEY`) that read the app
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from fastapi import Depends, Request
@@ -55,6 +56,13 @@ async def require_admin_key(request: Request) -> None:
 
 API_KEY = [Depends(require_api_key)]
 ADMIN_KEY = [Depends(require_admin_key)]
+
+
+def key_owner(request: Request) -> str | None:
+    """Whose conversations a request let in by `API_KEY` stores and reads by id: a digest of the key (the
+    database never holds the key itself), or None on a server without one. Another key finds none of them."""
+    key = request.app.state.settings.api_key
+    return None if key is None else hashlib.sha256(key.encode()).hexdigest()
 
 
 class LoopbackHostOnly:

@@ -34,6 +34,9 @@ def _title(messages: Sequence[dict[str, Any]]) -> str:
 
 
 class ConversationStore:
+    """Conversations by id belong to their `owner` (a digest of the API key that stored them, None without a
+    key): another owner finds none. The list and the export are everyone's, for the admin."""
+
     def __init__(self, sessions: sessionmaker):
         self.sessions = sessions
 
@@ -41,9 +44,9 @@ class ConversationStore:
     def new_id() -> str:
         return uuid4().hex
 
-    def exists(self, conversation_id: str) -> bool:
+    def exists(self, conversation_id: str, owner: str | None) -> bool:
         with self.sessions() as session:
-            return session.get(Conversation, conversation_id) is not None
+            return _owned(session.get(Conversation, conversation_id), owner) is not None
 
     def save_exchange(
         self,
@@ -53,17 +56,19 @@ class ConversationStore:
         conversation_id: str | None = None,
         trajectories: Sequence[Trajectory] = (),
         timings: Sequence[dict[str, Any]] = (),
+        owner: str | None = None,
     ) -> str:
         """Store the request's messages and the model's replies, with the answers' trajectories.
 
         conversation_id: an existing conversation gets these messages in place of its own; an unknown id
         becomes the id of a new conversation (a stream announces the id before the answer is stored).
         timings: per trajectory, request-level times (time to first token, duration), kept beside it.
+        owner: whose a new conversation is; the caller checked that an existing one is theirs (`exists`).
         """
         with self.sessions() as session:
             conversation = session.get(Conversation, conversation_id) if conversation_id else None
             if conversation is None:
-                conversation = Conversation(id=conversation_id or self.new_id(), model=model, title=_title(messages))
+                conversation = Conversation(id=conversation_id or self.new_id(), model=model, title=_title(messages), owner=owner)
                 session.add(conversation)
             else:
                 conversation.updated_at = datetime.now(timezone.utc)
@@ -98,16 +103,18 @@ class ConversationStore:
             rows = session.scalars(select(Conversation).order_by(Conversation.created_at.desc(), Conversation.id).limit(limit).offset(offset))
             return [_summary(c) for c in rows]
 
-    def get(self, conversation_id: str) -> dict[str, Any] | None:
+    def get(self, conversation_id: str, owner: str | None) -> dict[str, Any] | None:
         with self.sessions() as session:
-            conversation = session.get(Conversation, conversation_id)
+            conversation = _owned(session.get(Conversation, conversation_id), owner)
             if conversation is None:
                 return None
             messages = [{"role": m.role, "content": m.content, **m.extra} for m in conversation.messages]
             return {**_summary(conversation), "messages": messages}
 
-    def delete(self, conversation_id: str) -> bool:
+    def delete(self, conversation_id: str, owner: str | None) -> bool:
         with self.sessions() as session:
+            if _owned(session.get(Conversation, conversation_id), owner) is None:
+                return False
             # Bulk deletes skip the ORM cascade, so children go explicitly (SQLite may have FKs off).
             session.execute(delete(Message).where(Message.conversation_id == conversation_id))
             session.execute(delete(StoredTrajectory).where(StoredTrajectory.conversation_id == conversation_id))
@@ -164,6 +171,14 @@ async def purge_periodically(store: ConversationStore, retention_days: float, in
             if purged:
                 log.info("purged %d conversations older than %g days (setting conversation_retention_days)", purged, retention_days)
         await asyncio.sleep(interval_s)
+
+
+def _owned(conversation: Conversation | None, owner: str | None) -> Conversation | None:
+    """`conversation` if `owner` may see it by id. One without an owner (stored on a server without a key, or
+    before conversations had owners) is anyone's, as it was then."""
+    if conversation is None or conversation.owner not in (None, owner):
+        return None
+    return conversation
 
 
 def _summary(conversation: Conversation) -> dict[str, Any]:

@@ -43,6 +43,9 @@ class Conversation(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: uuid4().hex)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
     updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=_now, index=True)  # its latest exchange
+    # A digest of the API key that stored it (server/auth.py key_owner); None: stored without a key, or before
+    # conversations had owners.
+    owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
     model: Mapped[str] = mapped_column(String(256))
     title: Mapped[str] = mapped_column(String(256), default="")
     messages: Mapped[list[Message]] = relationship(back_populates="conversation", order_by="Message.position", cascade="all, delete-orphan")

@@ -1,5 +1,5 @@
 """The stored conversations: the list and the export read every client's conversations, so they take the
-admin key; one conversation, by its id, takes the API key.
+admin key; one conversation, by its id, takes the API key it was stored with.
 
 The routes are plain functions: FastAPI runs them in its thread pool, so database I/O stays off the event
 loop that streams tokens.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from rstar.server.auth import ADMIN_KEY, API_KEY
+from rstar.server.auth import ADMIN_KEY, API_KEY, key_owner
 from rstar.server.conversations import ConversationStore
 from rstar.server.errors import APIError
 
@@ -30,7 +30,7 @@ def export_conversations(request: Request) -> StreamingResponse:
 
 @router.get("/{conversation_id}", dependencies=API_KEY)
 def get_conversation(conversation_id: str, request: Request) -> dict:
-    found = _store(request).get(conversation_id)
+    found = _store(request).get(conversation_id, key_owner(request))
     if found is None:
         raise _no_conversation(conversation_id)
     return found
@@ -38,7 +38,7 @@ def get_conversation(conversation_id: str, request: Request) -> dict:
 
 @router.delete("/{conversation_id}", dependencies=API_KEY)
 def delete_conversation(conversation_id: str, request: Request) -> dict:
-    if not _store(request).delete(conversation_id):
+    if not _store(request).delete(conversation_id, key_owner(request)):
         raise _no_conversation(conversation_id)
     return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 

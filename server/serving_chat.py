@@ -46,11 +46,14 @@ log = logging.getLogger("rstar.server")
 
 
 class ChatService(AgentServing):
-    async def plan_request(self, request: ChatCompletionRequest) -> AgentPlan:
+    """Chat completions. `owner` (server/auth.py key_owner): whose conversations a request stores into and may
+    continue."""
+
+    async def plan_request(self, request: ChatCompletionRequest, owner: str | None) -> AgentPlan:
         serving = self.serving
         serving.check_model(request.model)
         store = serving.store
-        if request.conversation_id is not None and store is not None and not await asyncio.to_thread(store.exists, request.conversation_id):
+        if request.conversation_id is not None and store is not None and not await asyncio.to_thread(store.exists, request.conversation_id, owner):
             raise APIError(404, f"No conversation with id {request.conversation_id!r}.", "conversation_id", "conversation_not_found")
         return self.plan(await self.chat_prompt(request), request)
 
@@ -79,8 +82,8 @@ class ChatService(AgentServing):
 
     # -- non-streaming --------------------------------------------------------------------------------
 
-    async def complete(self, request: ChatCompletionRequest, received_at: float) -> ChatCompletion:
-        plan = await self.plan_request(request)
+    async def complete(self, request: ChatCompletionRequest, received_at: float, owner: str | None) -> ChatCompletion:
+        plan = await self.plan_request(request, owner)
         serving = self.serving
         logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in range(request.n)}
         answers: dict[int, Answer] = {}
@@ -90,7 +93,7 @@ class ChatService(AgentServing):
                 if request.logprobs:
                     logprobs[answer.index] += [e for p in pieces if isinstance(p, TokensSampled) for e in self._logprobs(p)]
         ordered = [answers[i] for i in range(request.n)]
-        conversation_id = await self._store(request, ordered, received_at)
+        conversation_id = await self._store(request, ordered, received_at, owner)
         return ChatCompletion(
             model=request.model,
             choices=[
@@ -113,12 +116,12 @@ class ChatService(AgentServing):
 
     # -- streaming ------------------------------------------------------------------------------------
 
-    async def stream(self, request: ChatCompletionRequest, received_at: float) -> AdmittedStream:
+    async def stream(self, request: ChatCompletionRequest, received_at: float, owner: str | None) -> AdmittedStream:
         """Validate and admit first (errors become HTTP errors, not a broken stream), then stream SSE events."""
-        plan = await self.plan_request(request)
-        return await self.admitted_stream(request.n, self._sse(request, plan, received_at))
+        plan = await self.plan_request(request, owner)
+        return await self.admitted_stream(request.n, self._sse(request, plan, received_at, owner))
 
-    async def _sse(self, request: ChatCompletionRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[str]:
+    async def _sse(self, request: ChatCompletionRequest, plan: AgentPlan, received_at: float, owner: str | None) -> AsyncIterator[str]:
         serving = self.serving
         chunk_id, created = new_id("chatcmpl"), int(time.time())
         conversation_id = serving.store.new_id() if serving.store_requested(request.store) else None
@@ -166,7 +169,7 @@ class ChatService(AgentServing):
                     top = {"prompt_token_ids": answer.trajectory.prompt_ids} if ids else {}
                     yield event([row], **top)
         ordered = [answers[i] for i in range(request.n)]
-        await self._store(request, ordered, received_at, conversation_id)
+        await self._store(request, ordered, received_at, owner, conversation_id)
         if request.stream_options and request.stream_options.include_usage:
             yield event([], _usage(plan, ordered))
         yield SSE_DONE
@@ -185,7 +188,7 @@ class ChatService(AgentServing):
         ]
 
     async def _store(
-        self, request: ChatCompletionRequest, answers: list[Answer], received_at: float, conversation_id: str | None = None
+        self, request: ChatCompletionRequest, answers: list[Answer], received_at: float, owner: str | None, conversation_id: str | None = None
     ) -> str | None:
         """Keep the exchange (unless opted out); returns the conversation id, or None when not stored."""
         serving = self.serving
@@ -201,6 +204,7 @@ class ChatService(AgentServing):
                 conversation_id=conversation_id or request.conversation_id,
                 trajectories=[a.trajectory for a in answers],
                 timings=[_timings(a, received_at) for a in answers],
+                owner=owner,
             )
         except Exception:  # losing the log of an answer must not lose the answer itself
             log.exception("could not store the conversation")

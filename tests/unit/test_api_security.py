@@ -289,3 +289,24 @@ def test_the_server_purges_old_conversations_when_it_starts(make_server):
     _, http, _, _ = make_server(conversation_retention_days=7)  # the same database
     wait_for(lambda: http.get(f"/v1/conversations/{old}").status_code == 404, 10, "the old conversation is still stored")
     assert http.get(f"/v1/conversations/{recent}").status_code == 200 and _exported_ids(http) == {recent}
+
+
+def test_a_conversation_is_its_keys_and_another_key_finds_none(make_server):
+    client, http, _, _ = make_server(api_key="key-a")
+    stored = client.chat.completions.create(model="scripted", messages=QUESTION).conversation_id
+    _, other, _, _ = make_server(api_key="key-b", admin_key="admin")  # the same database, another key
+    by_b = {"authorization": "Bearer key-b"}
+    continued = {"model": "scripted", "messages": QUESTION, "conversation_id": stored}
+    for refused in (
+        other.get(f"/v1/conversations/{stored}", headers=by_b),
+        other.delete(f"/v1/conversations/{stored}", headers=by_b),
+        other.post("/v1/chat/completions", headers=by_b, json=continued),
+        other.post("/v1/chat/completions", headers=by_b, json={**continued, "stream": True}),
+    ):
+        assert refused.status_code == 404 and refused.json()["error"]["param"] == "conversation_id", refused.text
+    listed = other.get("/v1/conversations", headers={"authorization": "Bearer admin"}).json()["data"]
+    assert [c["id"] for c in listed] == [stored]  # the admin's list is everyone's
+    assert http.get(f"/v1/conversations/{stored}", headers={"authorization": "Bearer key-a"}).status_code == 200
+    with http.app.state.database() as session:
+        owner = session.get(Conversation, stored).owner
+    assert len(owner) == 64 and "key-a" not in owner  # a digest: the database holds no key
