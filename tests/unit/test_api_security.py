@@ -159,11 +159,11 @@ def _seconds_until_slots_return(http, limit_s: float) -> float:
 
 
 def test_a_stream_whose_client_never_reads_gives_its_slots_back_at_the_deadline(make_server):
-    _, http, engine, _ = make_server(replies=("slow " * 500,), api={"request_timeout_s": 1.0, "write_timeout_s": 5.0})
+    _, http, engine, _ = make_server(replies=("slow " * 500,), api={"request_timeout_s": 1.0, "write_timeout_s": 10.0})
     body = {"model": "scripted", "messages": QUESTION, "stream": True}
     with http.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200 and _running(http) == 1
-        assert _seconds_until_slots_return(http, 4.0) < 1.5  # the deadline, not the 5 s write timeout
+        assert _seconds_until_slots_return(http, 8.0) < 4.0  # the 1 s deadline, not the 10 s write timeout
         assert engine.stats().unfinished == 0
         # A client that reads again in time hears of the deadline as one that kept reading would.
         events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
@@ -179,7 +179,7 @@ def test_a_stream_whose_client_stops_reading_is_cut_after_the_write_timeout(make
         lines = response.iter_lines()
         next(lines)  # it reads a little, then stops (the iterator kept: closing it would close the connection)
         assert _running(http) == 1
-        assert 0.4 < _seconds_until_slots_return(http, 4.0) < 2.0
+        assert _seconds_until_slots_return(http, 8.0) < 4.0  # the 0.5 s write timeout, not the 600 s deadline
         assert engine.stats().unfinished == 0 and len(engine.aborted) == 1
     assert "rstar_client_disconnects_total 0.0" in http.get("/metrics").text  # cut by the server: the client stayed
 
@@ -201,7 +201,7 @@ def test_under_uvicorn_a_stream_whose_socket_fills_up_gives_its_slots_back_at_th
             silent.sendall(head.encode() + body)  # and never reads
             started = time.monotonic()
             wait_for(lambda: httpx.get(f"{url}/health").json()["admission"]["running"] == 0, 10, "the stream still holds its slot")
-            assert time.monotonic() - started < 4 and len(engine.aborted) == 1
+            assert time.monotonic() - started < 6 and len(engine.aborted) == 1
     finally:
         stop()
 
