@@ -69,52 +69,6 @@ def _output(stdout: str | None, stderr: str | None) -> str:
     return "\n".join(part for part in (stdout, stderr) if part)
 
 
-# ------------------------------------------------------------------------------------------- released
-
-_LEADING_MARKERS = ("answer:", "answer is", "answers are")  # the answer follows the marker
-_TRAILING_MARKERS = ("is answer", "is the answer", "are answers", "are the answers")  # the answer precedes it
-
-
-def marked_answer(text: str) -> str | None:
-    """The released reward's fallback when no `\\boxed{}` holds the answer: the text after the last
-    "answer is"-style marker (or before the last "is the answer"), up to its last sentence end."""
-    matched = False
-    for marker in _LEADING_MARKERS:
-        at = text.lower().rfind(marker)
-        if at >= 0:
-            matched, text = True, text[at + len(marker) :].strip()
-    for marker in _TRAILING_MARKERS:
-        at = text.lower().rfind(marker)
-        if at >= 0:
-            matched, text = True, text[:at].strip()
-    if not matched:
-        return None
-    if ". " in text:
-        text = text[: text.rfind(". ")].strip()
-    return text.rstrip(".").strip() or None
-
-
-def released_answer(text: str) -> str | None:
-    from rstar.sandbox.verify import boxed_contents
-
-    boxes = boxed_contents(text)
-    return boxes[-1].strip() if boxes else marked_answer(text)
-
-
-def released_score(text: str, gold: str) -> tuple[bool, str | None]:
-    """(correct, extracted answer) under the released rule: the extracted answer matches, or math-verify,
-    parsing the whole text its own way, finds the gold answer in it."""
-    from rstar.sandbox.verify import answers_match
-
-    predicted = released_answer(text)
-    if predicted is not None and answers_match(predicted, gold):
-        return True, predicted
-    from math_verify import parse, verify
-
-    gold_parsed, found = parse(f"\\boxed{{{gold}}}"), parse(text)
-    return bool(gold_parsed and found and verify(gold_parsed, found)), predicted
-
-
 def extraction_error(name: str) -> str | None:
     """A one-line complaint for an unknown extraction name, or None."""
     if name in EXTRACTIONS:

@@ -15,9 +15,10 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
-from rstar.evals.answers import PAPER_EXTRACTION, AnswerView, released_answer
+from rstar.evals.answers import PAPER_EXTRACTION, AnswerView
 from rstar.evals.data import hf_rows, local_file, read_jsonl
 from rstar.evals.metrics import sampled_accuracy
+from rstar.sandbox.verify import released_answer
 from rstar.evals.registry import RSTAR_TEMPLATE, Benchmark, Doc, Grade, Prompt, Sampling, register
 
 # Greedy, one sample: how GSM8K is reported for small models (lm-eval's gsm8k task, Qwen2.5-Math's evaluation).

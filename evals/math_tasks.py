@@ -12,9 +12,10 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from rstar.evals.answers import PAPER_EXTRACTION, AnswerView, released_score
+from rstar.evals.answers import PAPER_EXTRACTION, AnswerView
 from rstar.evals.data import hf_rows, local_file, read_jsonl
 from rstar.evals.metrics import sampled_accuracy
+from rstar.sandbox.verify import released_answer, released_score
 from rstar.evals.registry import RSTAR_TEMPLATE, Benchmark, Doc, Grade, Prompt, Sampling, missing_packages, register
 
 # Paper §5.1: rStar template, temperature 0.6, 16 samples, up to 30 turns, 30K-token responses. MATH-500 takes

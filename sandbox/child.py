@@ -236,7 +236,7 @@ def _serve_jobs(setup: ChildSetup, persistent: bool, layers: dict, address_space
         elif kind == "verify":
             from . import verify
 
-            message = {"status": "ok", "exit_code": 0, "value": verify.score(job["response"], job["gold"])}
+            message = {"status": "ok", "exit_code": 0, "value": verify.score(job["response"], job["gold"], job["rule"])}
         elif kind == "probe":
             message = {"status": "ok", "exit_code": 0, "value": _probe_self(layers)}
         else:

@@ -17,6 +17,7 @@ import httpx
 from .pool import SandboxPool
 from .schemas import RunRequest, RunResult, VerifyResult, error_result
 from .settings import SandboxSettings
+from .verify import RewardRule
 
 
 @runtime_checkable
@@ -24,7 +25,7 @@ class SandboxClient(Protocol):
     async def start(self) -> Any: ...
     async def run(self, request: RunRequest | dict) -> RunResult: ...
     async def run_batch(self, requests: list) -> list[RunResult]: ...
-    async def verify(self, response: str, gold: str, timeout_s: float | None = None) -> VerifyResult: ...
+    async def verify(self, response: str, gold: str, timeout_s: float | None = None, rule: RewardRule = "boxed") -> VerifyResult: ...
     async def close_session(self, session_id: str) -> None: ...
     async def health(self) -> dict: ...
     async def close(self) -> None: ...
@@ -55,8 +56,8 @@ class LocalClient(_Context):
     async def run_batch(self, requests: list) -> list[RunResult]:
         return await self.pool.run_batch(requests)
 
-    async def verify(self, response: str, gold: str, timeout_s: float | None = None) -> VerifyResult:
-        return await self.pool.verify(response, gold, timeout_s)
+    async def verify(self, response: str, gold: str, timeout_s: float | None = None, rule: RewardRule = "boxed") -> VerifyResult:
+        return await self.pool.verify(response, gold, timeout_s, rule)
 
     async def close_session(self, session_id: str) -> None:
         await self.pool.close_session(session_id)
@@ -101,9 +102,9 @@ class HttpClient(_Context):
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             return [error_result("internal_error", f"sandbox service at {self.url} failed: {exc}")] * len(requests)
 
-    async def verify(self, response: str, gold: str, timeout_s: float | None = None) -> VerifyResult:
+    async def verify(self, response: str, gold: str, timeout_s: float | None = None, rule: RewardRule = "boxed") -> VerifyResult:
         try:
-            body = await self._post("/verify", {"response": response, "gold": gold, "timeout_s": timeout_s})
+            body = await self._post("/verify", {"response": response, "gold": gold, "timeout_s": timeout_s, "rule": rule})
             return VerifyResult.model_validate(body)
         except (httpx.HTTPError, ValueError) as exc:
             return VerifyResult(correct=False, status="internal_error", detail=str(exc))

@@ -20,6 +20,7 @@ from .metrics import PoolMetrics
 from .schemas import RunRequest, RunResult, VerifyResult, error_result, parse_run_request
 from .settings import SandboxSettings
 from .tools import BUILTIN_TOOLS, JUPYTER_TOOL
+from .verify import REWARD_RULES, RewardRule
 
 log = logging.getLogger("rstar.sandbox")
 
@@ -298,13 +299,16 @@ class SandboxPool:
         except Exception as exc:  # noqa: BLE001 - a malformed answer is our bug, not the caller's
             return error_result("internal_error", f"malformed answer from the zygote: {exc}")
 
-    async def verify(self, response: str, gold: str, timeout_s: float | None = None) -> VerifyResult:
-        """Check a model response against the gold answer inside a sandboxed child, under a timeout."""
+    async def verify(self, response: str, gold: str, timeout_s: float | None = None, rule: RewardRule = "boxed") -> VerifyResult:
+        """Check a model response against the gold answer inside a sandboxed child, under a timeout, by one of
+        `verify.REWARD_RULES`."""
         if not isinstance(response, str) or not isinstance(gold, str):
             return VerifyResult(correct=False, status="invalid_input", detail="response and gold must be strings")
+        if rule not in REWARD_RULES:
+            return VerifyResult(correct=False, status="invalid_input", detail=f"unknown rule {rule!r}; use one of {', '.join(REWARD_RULES)}")
         timeout = min(timeout_s or self.settings.verify_timeout_s, self.settings.max_timeout_s)
         started = time.monotonic()
-        answer, _ = await self._dispatch({"op": "run", "kind": "verify", "response": response, "gold": gold,
+        answer, _ = await self._dispatch({"op": "run", "kind": "verify", "response": response, "gold": gold, "rule": rule,
                                           "timeout_s": timeout, "session": None}, timeout, None)
         self.metrics.observe(answer.get("status", "internal_error"), time.monotonic() - started)
         status = answer.get("status", "internal_error")

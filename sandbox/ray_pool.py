@@ -18,6 +18,7 @@ from rstar import ray_cluster
 from .pool import SandboxPool
 from .schemas import RunRequest, RunResult, VerifyResult
 from .settings import SandboxSettings
+from .verify import RewardRule
 
 log = logging.getLogger("rstar.sandbox")
 UID_STRIDE = 1000
@@ -39,8 +40,8 @@ class NodePool:
     async def run_batch(self, requests: list) -> list[dict]:
         return [r.model_dump() for r in await self.pool.run_batch(requests)]
 
-    async def verify(self, response: str, gold: str, timeout_s: float | None) -> dict:
-        return (await self.pool.verify(response, gold, timeout_s)).model_dump()
+    async def verify(self, response: str, gold: str, timeout_s: float | None, rule: RewardRule = "boxed") -> dict:
+        return (await self.pool.verify(response, gold, timeout_s, rule)).model_dump()
 
     async def close_session(self, session_id: str) -> None:
         await self.pool.close_session(session_id)
@@ -113,8 +114,8 @@ class RayPool:
     async def run_batch(self, requests: list) -> list[RunResult]:
         return list(await asyncio.gather(*(self.run(r) for r in requests)))
 
-    async def verify(self, response: str, gold: str, timeout_s: float | None = None) -> VerifyResult:
-        return VerifyResult.model_validate(await self._call(self._pick(), "verify", response, gold, timeout_s))
+    async def verify(self, response: str, gold: str, timeout_s: float | None = None, rule: RewardRule = "boxed") -> VerifyResult:
+        return VerifyResult.model_validate(await self._call(self._pick(), "verify", response, gold, timeout_s, rule))
 
     async def close_session(self, session_id: str) -> None:
         index = self.sessions.pop(session_id, None)

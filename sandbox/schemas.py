@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from .tools import PYTHON_TOOL, ToolProtocol
+from .verify import RewardRule
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit", "queue_timeout", "invalid_input", "internal_error"]
 
@@ -66,6 +67,7 @@ class VerifyRequest(BaseModel):
     response: StrictStr
     gold: StrictStr
     timeout_s: float | None = Field(None, gt=0)
+    rule: RewardRule = "boxed"
 
 
 class VerifyResult(BaseModel):

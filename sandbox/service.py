@@ -178,7 +178,7 @@ def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None
             return _invalid(f"invalid verify request: {exc}", 422)
 
         async def answer() -> Any:
-            return (await pool.verify(req.response, req.gold, req.timeout_s)).model_dump()
+            return (await pool.verify(req.response, req.gold, req.timeout_s, req.rule)).model_dump()
 
         return await _unless_client_leaves(request, answer())
 

@@ -46,7 +46,7 @@ CONTROL_IN, CONTROL_OUT = 0, 1  # CONTROL_OUT blocks: an answer is written whole
 # Below glibc's mmap threshold: a larger read buffer is mapped and unmapped again on every control message.
 CONTROL_CHUNK = 64 * 1024
 # Fields of a run request that the child needs; the rest (id, session, op) are the zygote's.
-JOB_FIELDS = ("kind", "code", "history", "stdin", "response", "gold", "protocol", "timeout_s")
+JOB_FIELDS = ("kind", "code", "history", "stdin", "response", "gold", "rule", "protocol", "timeout_s")
 
 
 class Zygote:

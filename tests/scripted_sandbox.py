@@ -60,7 +60,7 @@ class ScriptedSandbox:
     async def run_batch(self, requests: list) -> list[RunResult]:
         return [await self.run(r) for r in requests]
 
-    async def verify(self, response: str, gold: str, timeout_s: float | None = None):
+    async def verify(self, response: str, gold: str, timeout_s: float | None = None, rule: str = "boxed"):
         raise NotImplementedError
 
     async def close_session(self, session_id: str) -> None:

@@ -17,6 +17,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from rstar.rl.grpo.downsample import Mode
 from rstar.sandbox.tools import ToolSettings
+from rstar.sandbox.verify import RewardRule
 
 
 class GRPOConfig(ToolSettings):
@@ -38,6 +39,12 @@ class GRPOConfig(ToolSettings):
     builtin_tools: bool = Field(True, description="Offer the Python tool in rollouts (rStar2-Agent); off: plain GRPO on text answers, e.g. to compare with other trainers.")
     tool_timeout_s: float = Field(4.0, gt=0, description="Wall-clock limit per tool call (code-judge MAX_EXECUTION_TIME=4 in rStar's README).")
     # --- reward
+    reward: RewardRule = Field(
+        "released",
+        description="How an answer is checked (sandbox/verify.py): 'released', what compute_score.py accepts (prime_math's reading of the last "
+        "\\boxed{} or an 'answer is' marker, else math-verify over the whole response); 'boxed', the paper's rule (the \\boxed{} in <answer>, "
+        "no box scores 0).",
+    )
     reward_timeout_s: float = Field(10.0, gt=0, description="Answer checking runs in the sandbox under this limit; a check that hangs scores 0 and is logged.")
     # --- down-sampling
     downsample: Mode = Field(

@@ -4,9 +4,9 @@
 sample's token ids, response mask, rollout logprobs, weight version and tool records. The samples of one
 problem share their prompt tokens, so the engine's prefix cache computes the prompt once per group.
 
-Reward as released: 1 if the answer checks out, else 0, graded over the whole response text (tool turns
-included, special tokens skipped) by the sandbox's `verify`, under a timeout; a check that hangs or fails
-scores 0 and is counted.
+Reward: 1 if the answer checks out by the config's rule (`reward`: `released` or `boxed`), else 0, graded
+over the whole response text (tool turns included, special tokens skipped) by the sandbox's `verify`, under a
+timeout; a check that hangs or fails scores 0 and is counted.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.samples import Sample
 from rstar.sandbox.clients import SandboxClient
 from rstar.sandbox.tools import BUILTIN_TOOLS, PYTHON_TOOL
+from rstar.sandbox.verify import RewardRule
 from rstar.server.agent_loop import LoopConfig, run_trajectory
 from rstar.server.builtin_tools import SandboxExecutor, builtin_tool_schemas
 from rstar.server.chat_template import ChatTemplate
@@ -82,11 +83,11 @@ async def generate(env: RolloutEnv, problems: Sequence[Problem], samples_per_pro
     return [list(flat[p * samples_per_problem : (p + 1) * samples_per_problem]) for p in range(len(problems))]
 
 
-async def reward(env: RolloutEnv, problems: Sequence[Problem], groups: Sequence[Sequence[Trajectory]], timeout_s: float) -> list[list[Sample]]:
-    """Grade every trajectory against its problem's answer, concurrently (the sandbox pool bounds the work)."""
+async def reward(env: RolloutEnv, problems: Sequence[Problem], groups: Sequence[Sequence[Trajectory]], timeout_s: float, rule: RewardRule) -> list[list[Sample]]:
+    """Grade every trajectory against its problem's answer by `rule`, concurrently (the sandbox pool bounds the work)."""
 
     async def one(problem: Problem, trajectory: Trajectory) -> Sample:
-        score, status = await grade(env, trajectory, problem.answer, timeout_s)
+        score, status = await grade(env, trajectory, problem.answer, timeout_s, rule)
         return Sample(problem, trajectory, score, status)
 
     graded = await asyncio.gather(*(one(problem, t) for problem, group in zip(problems, groups) for t in group))
@@ -98,8 +99,8 @@ async def reward(env: RolloutEnv, problems: Sequence[Problem], groups: Sequence[
     return [list(graded[start : start + size]) for start, size in zip(starts, sizes)]
 
 
-async def grade(env: RolloutEnv, trajectory: Trajectory, gold: str, timeout_s: float) -> tuple[float, str]:
-    """1.0 if the response's final answer matches `gold`, else 0.0, checked in the sandbox under a timeout."""
+async def grade(env: RolloutEnv, trajectory: Trajectory, gold: str, timeout_s: float, rule: RewardRule) -> tuple[float, str]:
+    """1.0 if the response's final answer matches `gold` by `rule`, else 0.0, checked in the sandbox under a timeout."""
     text = env.template.tokenizer.decode(trajectory.response_ids, skip_special_tokens=True)
-    verdict = await env.sandbox.verify(text, gold, timeout_s)
+    verdict = await env.sandbox.verify(text, gold, timeout_s, rule)
     return (1.0 if verdict.correct else 0.0), verdict.status

@@ -163,7 +163,7 @@ async def stage_data(env: RolloutEnv, stage, config: GRPOConfig, problems: list[
     if stage.filter_max_problems is not None and stage.filter_max_problems < len(problems):
         candidates = random.Random(f"{config.seed}/filter/{step}").sample(problems, stage.filter_max_problems)
     groups = await generate(env, candidates, stage.filter_samples, config, config.seed, -1 - step)
-    graded = await reward(env, candidates, groups, config.reward_timeout_s)
+    graded = await reward(env, candidates, groups, config.reward_timeout_s, config.reward)
     kept = [problem for problem, samples in zip(candidates, graded) if sum(s.reward for s in samples) < len(samples)]
     if not kept:
         raise ValueError(f"stage {stage.name!r}: the policy solves every judged problem {stage.filter_samples}/{stage.filter_samples}; nothing left to train on")
@@ -177,7 +177,7 @@ async def run_step(
     batch = [problems[i] for i in data_order(len(problems), config.seed, state.data_cursor, config.prompts_per_step)]
     groups = await generate(env, batch, config.rollouts_per_prompt, config, config.seed, step)
     generated = time.perf_counter()
-    samples = await reward(env, batch, groups, config.reward_timeout_s)
+    samples = await reward(env, batch, groups, config.reward_timeout_s, config.reward)
     rewarded = time.perf_counter()
     tokenizer = env.template.tokenizer
     traces = [[sample.trace(tokenizer) for sample in group] for group in samples]

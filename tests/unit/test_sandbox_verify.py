@@ -56,3 +56,33 @@ def test_verify_times_out_on_a_pathological_answer(sandbox_pool):
 def test_verify_rejects_non_strings(sandbox_pool):
     result = sandbox_pool.call(sandbox_pool.pool.verify(None, "3"))
     assert (result.correct, result.status) == (False, "invalid_input")
+
+
+# Golden cases where the two reward rules disagree (and two where they agree), each written down from the rule.
+@pytest.mark.parametrize(
+    ("response", "gold", "boxed", "released"),
+    [
+        ("<answer>\n42\n</answer>", "42", False, True),  # no box: the paper's rule finds no answer, math-verify finds 42
+        (r"<answer>\boxed{3}</answer> then \boxed{4}", "4", False, True),  # boxed reads <answer>'s box, released the last
+        (r"<answer>\boxed{3}</answer> then \boxed{4}", "3", True, False),
+        ("The answer is 12.", "12", False, True),  # prime_math's "answer is" marker
+        (r"<answer>\boxed{1,000}</answer>", "1000", True, True),  # a thousands separator
+        (r"<answer>\boxed{3,5}</answer>", "35", False, False),  # two numbers, not thirty-five
+    ],
+)
+def test_reward_rules(response, gold, boxed, released):
+    assert (score(response, gold, "boxed"), score(response, gold, "released")) == (boxed, released)
+
+
+def test_an_unknown_rule_is_refused(sandbox_pool):
+    with pytest.raises(ValueError, match="unknown reward rule 'prime'"):
+        score(r"\boxed{1}", "1", "prime")
+    refused = sandbox_pool.call(sandbox_pool.pool.verify(r"\boxed{1}", "1", rule="prime"))
+    assert (refused.correct, refused.status) == (False, "invalid_input") and "boxed, released" in refused.detail
+
+
+def test_the_pool_checks_by_the_rule_it_is_given(sandbox_pool):
+    text = "<answer>\n42\n</answer>"
+    assert not sandbox_pool.call(sandbox_pool.pool.verify(text, "42")).correct  # boxed, the pool's default
+    released = sandbox_pool.call(sandbox_pool.pool.verify(text, "42", rule="released"))
+    assert (released.correct, released.status) == (True, "ok")
