@@ -34,8 +34,8 @@ def _title(messages: Sequence[dict[str, Any]]) -> str:
 
 
 class ConversationStore:
-    """Conversations by id belong to their `owner` (a digest of the API key that stored them, None without a
-    key): another owner finds none. The list and the export are everyone's, for the admin."""
+    """Conversations by id belong to the API key that stored them (`owner`, a digest of it): another key
+    finds none. The list and the export are everyone's, for the admin."""
 
     def __init__(self, sessions: sessionmaker):
         self.sessions = sessions
