@@ -143,9 +143,9 @@ def notice(message: str) -> str:
 async def listed_choices(
     listing: Awaitable[Any], to_choices: Callable[[Any], list[tuple[str, str]]], selected: str | None, empty: str = "", first: bool = False
 ) -> tuple[Any, str]:
-    """A dropdown refreshed from an API listing, and the notice to show beside it: the choices with `selected`
-    kept while it is still listed (else the first one when `first`, else none); the API's error, or `empty`
-    when nothing is listed."""
+    """A list of choices (a run dropdown, the conversations) refreshed from an API listing, and the notice to
+    show beside it: the choices with `selected` kept while it is still listed (else the first one when `first`,
+    else none); the API's error, or `empty` when nothing is listed."""
     try:
         choices = to_choices(await listing)
     except ApiError as exc:
