@@ -145,10 +145,10 @@ class Settings(BaseSettings):
     database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite file rstar.db in data_dir. PostgreSQL: postgresql+psycopg://...")
     store_conversations: bool = Field(True, description="Keep every chat completion in the database (a request can opt out with store=false).")
     conversation_retention_days: float = Field(
-        30.0,
+        0.0,
         ge=0,
         description="Stored conversations whose latest exchange is older than this are deleted (with their trajectories), when the "
-        "server starts and every hour after; 0 keeps them forever.",
+        "server starts and every hour after; 0 (the default, so an upgrade deletes nothing) keeps them forever.",
     )
     engine: EngineSettings = Field(default_factory=EngineSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)

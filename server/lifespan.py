@@ -66,6 +66,8 @@ async def serving_lifespan(
     log.info("serving %s on http://%s:%d", model_name, settings.host, settings.port)
     retention = settings.conversation_retention_days
     purging = asyncio.create_task(purge_periodically(serving.store, retention)) if retention else None
+    if not retention and settings.store_conversations:
+        log.info("stored conversations are kept forever; set conversation_retention_days to delete old ones")
     try:
         yield serving
     finally:
