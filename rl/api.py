@@ -30,7 +30,7 @@ from rstar.rl.data import DataError, load_problems
 from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.recipe import Recipe, RecipeError, load_recipe, shipped_recipes
 from rstar.rl.grpo.rollout import RolloutEnv
-from rstar.rl.grpo.train import RunSpec, train_grpo
+from rstar.rl.grpo.train import RecipeDoesNotFit, RunSpec, check_window, prompt_lengths, train_grpo
 from rstar.rl.runs import RunConflict, RunStore, UnknownRun, new_run_id
 from rstar.server.db import app_database
 from rstar.server.errors import APIError
@@ -129,6 +129,11 @@ class RlRuns:
                 problems = await asyncio.to_thread(load_problems, str(data))
             except DataError as exc:
                 raise APIError(400, str(exc), "data") from None
+            lengths = await asyncio.to_thread(prompt_lengths, serving.template, problems)
+            try:
+                check_window(recipe, lengths, serving.engine.max_model_len, "this server's context window")
+            except RecipeDoesNotFit as exc:
+                raise APIError(400, str(exc), "config" if body.config else "recipe") from None
             run_id = body.run_id or new_run_id("grpo")
             spec = RunSpec(run_id, settings.data_dir / "rl_runs" / run_id, recipe, Path(serving.engine.model_path), str(data), serving.engine.dtype)
             share = max(1, int(serving.admission.max_running * settings.api.rl_share))

@@ -179,7 +179,12 @@ def train_command(
         raise _fail(str(exc)) from None
     run_id = _run_id(run_id, "grpo")
     _interrupt_on_sigterm()
-    status = asyncio.run(_train_in_process(settings, loaded, problems, data, run_id, ray=ray_address is not None))
+    from rstar.rl.grpo.train import RecipeDoesNotFit
+
+    try:
+        status = asyncio.run(_train_in_process(settings, loaded, problems, data, run_id, ray=ray_address is not None))
+    except RecipeDoesNotFit as exc:
+        raise _fail(str(exc)) from None
     typer.echo(f"run {run_id}: {status}")
 
 
@@ -194,17 +199,25 @@ def _parse_setting(item: str) -> tuple[str, object]:
 
 
 async def _train_in_process(settings: Settings, recipe, problems, data: str, run_id: str, ray: bool) -> str:
+    from transformers import AutoTokenizer
+
+    from rstar.evals.budget import model_window_limit
     from rstar.rl.grpo.rollout import RolloutEnv
-    from rstar.rl.grpo.train import RunSpec, train_grpo
+    from rstar.rl.grpo.train import RunSpec, check_window, prompt_lengths, train_grpo, window_needed
     from rstar.sandbox.clients import connect
     from rstar.server.chat_template import choose_template
     from rstar.server.model_store import resolve_model
     from rstar.server.ray_replicas import start_engine
 
     resolved = resolve_model(settings.model, settings.models_dir)
-    console.print(f"starting the engine on {resolved.path} (on CPU about a minute, a first compiled start several)", highlight=False)
+    # The engine's window fits the longest prompt and the largest stage budget, or the run stops here.
+    lengths = prompt_lengths(choose_template(AutoTokenizer.from_pretrained(resolved.path), resolved.name, settings.api.chat_template), problems)
+    limit = model_window_limit(resolved.path) or settings.engine.max_model_len
+    check_window(recipe, lengths, limit, f"{resolved.name}'s longest supported context (max_position_embeddings)")
+    engine_settings = settings.engine.model_copy(update={"max_model_len": max(settings.engine.max_model_len, window_needed(recipe, lengths))})
+    console.print(f"starting the engine on {resolved.path} with a {engine_settings.max_model_len}-token window (on CPU about a minute, a first compiled start several)", highlight=False)
     # With RSTAR_ENGINE__REPLICAS > 1 rollouts go through the same router as the API's traffic.
-    engine = await start_engine(resolved.path, settings.engine, served_model_name=resolved.name, cache_dir=settings.cache_dir)
+    engine = await start_engine(resolved.path, engine_settings, served_model_name=resolved.name, cache_dir=settings.cache_dir)
     try:
         async with connect(settings.sandbox, url=settings.api.sandbox_url, ray=ray) as sandbox:
             env = RolloutEnv(engine, choose_template(engine.tokenizer, resolved.name, settings.api.chat_template), sandbox)

@@ -81,6 +81,10 @@ class GRPOConfig(ToolSettings):
     token_budget: int = Field(8192, ge=64, description="Tokens per packed micro-batch row (shared prompts counted once).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward: less memory, about a third more time.")
     # --- weight sync
+    max_logprob_gap: float | None = Field(
+        0.05, gt=0, description="Largest mean |rollout - trainer| logprob over a step's sampled tokens before the run stops (the engine and trainer "
+        "disagree on the policy; about 0.008 with a bf16 engine here); None: logged only. Not in the release.",
+    )
     probe_tolerance: float | None = Field(
         None, gt=0, description="Largest mean |engine - trainer| logprob gap on the probe after a sync; default by dtypes: 1e-3 when both are fp32, else 0.15."
     )

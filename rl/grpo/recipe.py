@@ -65,6 +65,11 @@ class Recipe(BaseModel):
         return GRPOConfig(**{**self.config, **per_stage, **stage.config})
 
     @property
+    def max_response_tokens(self) -> int:
+        """The largest response budget of any stage: with the longest prompt, the window the engine needs."""
+        return max(self.stage_config(index).max_response_tokens for index in range(len(self.stages)))
+
+    @property
     def total_steps(self) -> int:
         return sum(stage.steps for stage in self.stages)
 

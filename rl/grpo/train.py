@@ -30,10 +30,11 @@ from rstar.rl.grpo.recipe import Recipe
 from rstar.rl.grpo.rollout import TOOLS, RolloutEnv, generate, prompt_messages, reward
 from rstar.rl.grpo.samples import Sample, is_tool_error
 from rstar.rl.grpo.trainer import GRPOTrainer, training_trees
-from rstar.rl.grpo.weight_sync import WeightSync
+from rstar.rl.grpo.weight_sync import WeightSync, WeightSyncFailed
 from rstar.rl.plots import plot_run
 from rstar.rl.policy import Policy, model_identity, resolve_compute_dtype
 from rstar.rl.runs import RunStore
+from rstar.server.chat_template import ChatTemplate
 
 Progress = Callable[[int, int, dict], None]
 
@@ -60,9 +61,30 @@ def data_order(count: int, seed: int, cursor: int, take: int) -> list[int]:
     return indices
 
 
-def fitting_problems(env: RolloutEnv, problems: list[Problem], max_prompt_tokens: int) -> list[Problem]:
-    """Problems whose rendered prompt fits (the release filters overlong prompts)."""
-    return [p for p in problems if len(env.template.encode(prompt_messages(p), TOOLS)) <= max_prompt_tokens]
+def prompt_lengths(template: ChatTemplate, problems: list[Problem]) -> list[int]:
+    """Each problem's rendered prompt, in tokens, as rollouts send it."""
+    return [len(template.encode(prompt_messages(p), TOOLS)) for p in problems]
+
+
+class RecipeDoesNotFit(ValueError):
+    """A recipe whose longest prompt and largest response budget do not fit the context window."""
+
+
+def window_needed(recipe: Recipe, prompt_tokens: list[int]) -> int:
+    """The context window a run needs: the longest prompt that stays (those over max_prompt_tokens are left out,
+    as released) plus the largest stage budget. Less, and the loop would cut every budget at the window: a 12K
+    stage would quietly train at the window's length."""
+    kept = [n for n in prompt_tokens if n <= recipe.stage_config(0).max_prompt_tokens]
+    return max(kept, default=0) + recipe.max_response_tokens
+
+
+def check_window(recipe: Recipe, prompt_tokens: list[int], window: int, window_source: str) -> None:
+    """RecipeDoesNotFit naming both numbers when the run needs more than `window`."""
+    needed = window_needed(recipe, prompt_tokens)
+    if needed > window:
+        raise RecipeDoesNotFit(
+            f"recipe {recipe.name!r} needs a {needed}-token window (longest prompt {needed - recipe.max_response_tokens} + max_response_tokens "
+            f"{recipe.max_response_tokens}), over {window_source} of {window}; lower max_response_tokens or max_prompt_tokens, or use a model with a longer context")
 
 
 PROBE_PROMPT_TOKENS = 48
@@ -90,7 +112,9 @@ async def train_grpo(env: RolloutEnv, spec: RunSpec, problems: list[Problem], st
     recipe = spec.recipe
     first = recipe.stage_config(0)
     # Thousands of renders: off the event loop, which may be serving the API.
-    problems = await asyncio.to_thread(fitting_problems, env, problems, first.max_prompt_tokens)
+    lengths = await asyncio.to_thread(prompt_lengths, env.template, problems)
+    check_window(recipe, lengths, env.engine.max_model_len, "the engine's context window")
+    problems = [p for p, n in zip(problems, lengths) if n <= first.max_prompt_tokens]  # the release filters overlong prompts
     if not problems:
         raise ValueError(f"no problem in {spec.data} fits max_prompt_tokens={first.max_prompt_tokens}")
     store.begin(spec.run_id, "grpo", str(spec.model_dir), recipe.model_dump(), spec.data, str(spec.run_dir), recipe.total_steps)
@@ -138,8 +162,8 @@ async def _train(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store:
             if in_stage == 0:
                 if stage.reset_optimizer and step > 0:
                     trainer.reset_optimizer(config)
+                # The data cursor runs on across stages: a stage does not replay the order the last one began with.
                 stage_problems = await stage_data(env, stage, config, problems, state, step)
-                state.data_cursor = 0
             metrics = await run_step(env, trainer, sync, config, stage_problems, state, rng, step, torch_thread)
             state.step = step + 1
             state.data_cursor += config.prompts_per_step
@@ -194,6 +218,11 @@ async def run_step(
         return {**measured, "trained": False, "weight_version": env.engine.weight_version, "step_s": time.perf_counter() - started}
     train_stats = await asyncio.get_running_loop().run_in_executor(torch_thread, trainer.update, trees, config)
     trained = time.perf_counter()
+    if config.max_logprob_gap is not None and train_stats["logprob_gap"] > config.max_logprob_gap:
+        raise WeightSyncFailed(
+            f"step {step + 1}: the rollouts' logprobs differ from the trainer's by {train_stats['logprob_gap']:.4f} on average over the sampled tokens "
+            f"(max_logprob_gap {config.max_logprob_gap}): the engine did not sample from the policy being trained"
+        )
     report = await sync.sync()
     return {
         **measured,
@@ -202,6 +231,8 @@ async def run_step(
         "train_s": trained - rewarded,
         "weight_version": report.weight_version,
         "probe_gap": report.probe_gap,
+        "probe_change": report.probe_change,
+        "probe_followed": report.probe_followed,
         "sync_write_s": report.write_s,
         "sync_reload_s": report.reload_s,
         "sync_s": report.seconds,

@@ -5,9 +5,17 @@ On vLLM CPU, `load_weights` after start-up fails (its kernels repack parameters)
 one safetensors file into shared memory (`/dev/shm`, no disk) and the engine reloads from it in place,
 bumps its weight version and drops its prefix cache (`VllmEngine.reload_weights`).
 
-A probe then compares the engine's logprobs of a fixed token sequence with the trainer's: a reload that
-silently kept stale weights, or loaded them wrong, shows as a gap far above the dtype noise, and the run
-stops loudly: a run that trains on against stale weights is lost without anyone seeing why.
+A probe then reads the engine's logprobs of a fixed token sequence and the trainer's, and checks two things; a
+failed check stops the run loudly (a run that trains on against stale weights is lost without anyone seeing why):
+
+- the gap: engine and trainer agree within the dtype's noise (weights loaded wrong show far above it);
+- that the engine followed the update: between two syncs the trainer's logprobs moved by some change, and the
+  engine's must have moved along it, at least `MIN_FOLLOWED` of the way (the slope of the engine's change on the
+  trainer's). A bf16 engine's noise floor (0.05-0.08 here) is above what one small step changes, so stale
+  weights pass the gap check alone; they do not pass this one, since a reload that kept the old weights leaves
+  the engine's logprobs where they were. Rounding to bf16 moves each weight by the update on average, so a real
+  reload follows with a slope near 1. Below `MIN_TRAINER_CHANGE` the step changed too little to tell, and only
+  the gap is checked.
 
 The file stays for the run's life (a restarted engine replica loads the latest weights from it) and goes when
 the run ends. A run killed outright (the OOM killer, SIGKILL) cannot remove it, and memory in /dev/shm stays
@@ -53,6 +61,12 @@ class WeightSyncFailed(RuntimeError):
     """The engine does not serve the trainer's weights; continuing would train on a different policy."""
 
 
+# The engine must move at least this share of the way the trainer's probe logprobs moved since the last sync.
+MIN_FOLLOWED = 0.5
+# Mean |change| of the trainer's probe logprobs below which a step is too small to check the engine followed it.
+MIN_TRAINER_CHANGE = 1e-3
+
+
 @dataclass
 class SyncReport:
     seconds: float  # write + reload, what the goal counts
@@ -60,6 +74,29 @@ class SyncReport:
     reload_s: float
     probe_gap: float  # mean |engine logprob - trainer logprob| over the probe tokens
     weight_version: int
+    probe_change: float | None = None  # mean |trainer change| since the last sync (None at the first)
+    probe_followed: float | None = None  # slope of the engine's change on the trainer's (None: too small a change to tell)
+
+
+@dataclass(frozen=True)
+class ProbeReading:
+    engine: torch.Tensor  # per-token logprobs of the probe sequence
+    trainer: torch.Tensor
+
+    @property
+    def gap(self) -> float:
+        return (self.engine - self.trainer).abs().mean().item()
+
+
+def followed(before: ProbeReading, after: ProbeReading) -> tuple[float, float | None]:
+    """(mean |trainer change|, slope of the engine's change on it) between two readings; the slope is None when
+    the trainer moved less than MIN_TRAINER_CHANGE. 1: the engine moved as the trainer did; 0: it stayed."""
+    trainer_change = after.trainer - before.trainer
+    change = trainer_change.abs().mean().item()
+    if change < MIN_TRAINER_CHANGE:
+        return change, None
+    engine_change = after.engine - before.engine
+    return change, (engine_change @ trainer_change).item() / (trainer_change @ trainer_change).item()
 
 
 class WeightSync:
@@ -71,6 +108,7 @@ class WeightSync:
         self.policy = policy
         self.probe_ids = list(probe_ids)
         self.tolerance = tolerance
+        self.last: ProbeReading | None = None  # the previous sync's reading, to check the next one followed
         self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(engine_dtype, torch.float32)
         base = Path("/dev/shm") if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
         remove_orphaned_weights(base)
@@ -85,20 +123,27 @@ class WeightSync:
         written = time.perf_counter()
         await self.engine.reload_weights(self._dir.name)
         reloaded = time.perf_counter()
-        gap = await self.probe()
-        report = SyncReport(reloaded - started, written - started, reloaded - written, gap, self.engine.weight_version)
-        if gap > self.tolerance:
+        reading = await self.probe()
+        change, slope = followed(self.last, reading) if self.last is not None else (None, None)
+        report = SyncReport(reloaded - started, written - started, reloaded - written, reading.gap, self.engine.weight_version, change, slope)
+        if reading.gap > self.tolerance:
             raise WeightSyncFailed(
-                f"after loading weight version {report.weight_version}, the engine's logprobs differ from the trainer's by "
-                f"{gap:.4f} on average (tolerance {self.tolerance}): the engine is not serving the trained weights"
+                f"weight-sync probe: after loading weight version {report.weight_version}, the engine's logprobs differ from the trainer's by "
+                f"{reading.gap:.4f} on average (tolerance {self.tolerance}): the engine is not serving the trained weights"
             )
+        if slope is not None and slope < MIN_FOLLOWED:
+            raise WeightSyncFailed(
+                f"weight-sync probe: after loading weight version {report.weight_version}, the engine's logprobs moved {slope:.2f} of the way "
+                f"the trainer's did since the last sync (a mean change of {change:.4f}; at least {MIN_FOLLOWED} expected): the engine kept stale weights"
+            )
+        self.last = reading
         return report
 
-    async def probe(self) -> float:
+    async def probe(self) -> ProbeReading:
         engine_logprobs = torch.tensor(await self.engine.prompt_logprobs(self.probe_ids))
         row = pack([Tree(self.probe_ids[:1], [Branch(self.probe_ids[1:], [1] * (len(self.probe_ids) - 1))])], len(self.probe_ids))[0]
         trainer_logprobs = await asyncio.get_running_loop().run_in_executor(self.torch_thread, self.policy.no_grad_logprobs, row)
-        return (engine_logprobs - trainer_logprobs.cpu()).abs().mean().item()
+        return ProbeReading(engine_logprobs.float(), trainer_logprobs.detach().cpu().float())
 
     def close(self) -> None:
         self._dir.cleanup()

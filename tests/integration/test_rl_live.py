@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -25,6 +26,7 @@ from rstar.rl.data import Problem
 from rstar.rl.grpo.recipe import parse_recipe
 from rstar.rl.grpo.rollout import RolloutEnv
 from rstar.rl.grpo.train import RunSpec, train_grpo
+from rstar.rl.grpo.weight_sync import MIN_FOLLOWED, WeightSyncFailed
 from rstar.rl.runs import RunStore
 from rstar.sandbox.clients import LocalClient
 from rstar.sandbox.settings import SandboxSettings
@@ -90,6 +92,8 @@ def test_two_grpo_steps_train_the_weights_the_engine_then_serves(engine, loop_th
     for step in trained:
         assert step["probe_gap"] < 0.15  # the engine's logprobs match the trainer's new weights
         assert step["train_tokens"] > 0 and step["grad_norm"] > 0
+        # Where the probe could compare with the last sync, the engine moved with the trainer.
+        assert step["probe_followed"] is None or step["probe_followed"] >= MIN_FOLLOWED, step
     resynced = version > 0  # an engine an earlier test retrained is first given the run's start weights
     assert engine.weight_version == version + resynced + len(trained)
     assert run["steps"][-1]["tool_call_rate"] > 0  # the tuned default model calls its tool
@@ -99,6 +103,34 @@ def test_two_grpo_steps_train_the_weights_the_engine_then_serves(engine, loop_th
     changed = sum(not torch.equal(base[name].float(), final[name].float()) for name in base)
     assert changed > len(base) // 2
     assert (tmp_path / "run" / "curves.png").stat().st_size > 10_000
+
+
+class StaleReloads:
+    """The session engine with a fault: reloads bump the weight version and load nothing."""
+
+    def __init__(self, engine):
+        self.engine, self.weight_version = engine, engine.weight_version + 1  # > 0: the run first syncs its start weights
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    async def reload_weights(self, weights_dir) -> None:
+        self.weight_version += 1
+
+
+def test_a_reload_that_keeps_stale_weights_stops_the_run_naming_the_probe(engine, loop_thread, default_model_dir, tmp_path, restore_engine_weights):
+    store = RunStore(open_database(f"sqlite:///{tmp_path / 'rstar.db'}"))
+    spec = RunSpec("stale", tmp_path / "run", parse_recipe(TINY, "tiny"), default_model_dir, "inline", engine.dtype)
+    problems = [Problem(str(i), p, a) for i, (p, a) in enumerate(PROBLEMS)]
+
+    async def go():
+        async with LocalClient(SandboxSettings(uid_base=64600)) as sandbox:
+            return await train_grpo(RolloutEnv(StaleReloads(engine), rstar_template(engine.tokenizer), sandbox), spec, problems, store)
+
+    with pytest.raises(WeightSyncFailed, match="weight-sync probe: .* the engine kept stale weights"):
+        loop_thread.run(go(), timeout=900)
+    run = store.get("stale")
+    assert run["status"] == "failed" and "weight-sync probe" in run["error"], run
 
 
 def test_a_run_over_the_api_trains_the_serving_engine_while_it_answers(live_server, restore_engine_weights):

@@ -206,3 +206,14 @@ def test_rollouts_hold_at_most_their_share_and_api_requests_keep_the_rest():
         assert (engine.running, admission.running) == (0, 0)
 
     asyncio.run(main())
+
+
+def test_a_recipe_whose_budget_does_not_fit_the_window_is_a_400_naming_both_numbers(rl_server):
+    client, settings, started = rl_server(enable_rl=True)
+    (settings.data_dir / "long.toml").write_text('name = "long"\n[[stages]]\nname = "s1"\nsteps = 1\nmax_response_tokens = 100\n[[stages]]\nname = "s2"\nsteps = 1\nmax_response_tokens = 4000\n')
+    refused = client.post("/v1/rl/runs", json={"recipe": "long.toml", "data": "problems.jsonl"})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "recipe" and "max_response_tokens 4000" in error["message"] and "this server's context window of 2048" in error["message"], error
+    assert started == []
+    _nothing_left(client, settings)

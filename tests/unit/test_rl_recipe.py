@@ -76,3 +76,22 @@ def test_unknown_recipe_names_the_shipped_ones(tmp_path):
     broken.write_text("name = \n")
     with pytest.raises(RecipeError, match="not valid TOML"):
         load_recipe(str(broken))
+
+
+def test_the_window_a_run_needs_is_its_longest_kept_prompt_and_largest_stage_budget():
+    from rstar.rl.grpo.train import RecipeDoesNotFit, check_window, window_needed
+
+    recipe = parse_recipe({"name": "two", "config": {"max_prompt_tokens": 100},
+                           "stages": [{"name": "a", "steps": 1, "max_response_tokens": 300}, {"name": "b", "steps": 1, "max_response_tokens": 700}]}, "test")
+    assert recipe.max_response_tokens == 700
+    assert window_needed(recipe, [40, 90, 250]) == 90 + 700  # the 250-token prompt is left out, as released
+    check_window(recipe, [40, 90], 790, "a window")
+    with pytest.raises(RecipeDoesNotFit, match=r"recipe 'two' needs a 791-token window \(longest prompt 91 \+ max_response_tokens 700\), over a window of 790"):
+        check_window(recipe, [91], 790, "a window")
+
+
+def test_the_paper_recipe_does_not_fit_the_default_models_window():
+    from rstar.rl.grpo.train import RecipeDoesNotFit, check_window
+
+    with pytest.raises(RecipeDoesNotFit, match="max_response_tokens 12288"):
+        check_window(load_recipe("paper"), [300], 8192, "the default model's context")

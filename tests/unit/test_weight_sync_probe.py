@@ -1,0 +1,100 @@
+"""The weight-sync probe can fail: a reload that kept stale weights stops the run, though its gap alone stays
+within a bf16 engine's tolerance. On a stand-in engine and policy whose logprobs the test sets; the live RL test
+injects the same fault into the real engine."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rstar.rl.grpo.weight_sync import MIN_TRAINER_CHANGE, ProbeReading, WeightSync, WeightSyncFailed, followed
+
+PROBE = list(range(1, 9))  # token ids; the logprobs are of tokens 2..8
+BASE = torch.tensor([-1.0, -2.0, -0.5, -3.0, -1.5, -0.2, -2.5])
+NOISE = torch.tensor([0.05, -0.06, 0.04, -0.05, 0.06, -0.04, 0.05])  # a bf16 engine's disagreement, ~0.05
+
+
+def test_followed_is_the_slope_of_the_engines_change_on_the_trainers():
+    step = torch.tensor([0.1, -0.2, 0.05, 0.3, -0.1, 0.0, 0.2])
+    before = ProbeReading(BASE + NOISE, BASE)
+    moved = ProbeReading(BASE + step + NOISE, BASE + step)
+    assert followed(before, moved) == (pytest.approx(step.abs().mean().item()), pytest.approx(1.0))
+    stale = ProbeReading(BASE + NOISE, BASE + step)
+    assert followed(before, stale)[1] == pytest.approx(0.0)
+    halfway = ProbeReading(BASE + step / 2 + NOISE, BASE + step)
+    assert followed(before, halfway)[1] == pytest.approx(0.5)
+    tiny = ProbeReading(BASE + NOISE, BASE + MIN_TRAINER_CHANGE / 2)
+    assert followed(before, tiny)[1] is None  # too small a step to tell: only the gap is checked
+
+
+class Engine:
+    """Serves the policy's logprobs (plus bf16-like noise) as of its last reload; `skip_reloads` keeps the old ones."""
+
+    def __init__(self, policy):
+        self.policy, self.weight_version, self.skip_reloads = policy, 0, False
+        self.served = policy.current.clone()
+
+    async def reload_weights(self, directory: str) -> None:
+        if not self.skip_reloads:
+            self.served = self.policy.current.clone()
+        self.weight_version += 1
+
+    async def prompt_logprobs(self, token_ids) -> list[float]:
+        return (self.served + NOISE).tolist()
+
+
+class Policy:
+    """The trainer side: logprobs that each update moves by `step`."""
+
+    def __init__(self):
+        self.current = BASE.clone()
+        self.causal_lm = SimpleNamespace(config=SimpleNamespace(tie_word_embeddings=False))
+
+    def merged_state_dict(self):
+        yield "w", torch.zeros(2)
+
+    def no_grad_logprobs(self, row) -> torch.Tensor:
+        return self.current.clone()
+
+
+def syncs(steps: list[float], skip_from: int | None = None) -> list:
+    """Sync after each update of the given sizes; the engine skips its reloads from update `skip_from` on."""
+    policy = Policy()
+    engine = Engine(policy)
+    torch_thread = ThreadPoolExecutor(1)
+    sync = WeightSync(engine, policy, PROBE, tolerance=0.15, engine_dtype="bfloat16", torch_thread=torch_thread)
+    reports = []
+
+    async def run():
+        reports.append(await sync.sync())
+        for index, size in enumerate(steps):
+            policy.current = policy.current + size * torch.tensor([1.0, -1.0, 0.5, 1.0, -0.5, 0.2, 1.0])
+            engine.skip_reloads = skip_from is not None and index >= skip_from
+            reports.append(await sync.sync())
+
+    try:
+        asyncio.run(run())
+    finally:
+        sync.close()
+        torch_thread.shutdown()
+    return reports
+
+
+def test_syncs_that_reload_pass_and_report_the_engine_followed():
+    reports = syncs([0.02, 0.01, 0.0])
+    assert [r.probe_followed for r in reports[:3]] == [None, pytest.approx(1.0), pytest.approx(1.0)]
+    assert reports[3].probe_followed is None and reports[3].probe_change == 0.0  # no change (a zero-lr control): nothing to follow
+    assert all(r.probe_gap < 0.1 for r in reports)
+
+
+def test_a_reload_that_keeps_stale_weights_stops_the_run_naming_the_probe():
+    with pytest.raises(WeightSyncFailed, match=r"weight-sync probe: after loading weight version 3, the engine's logprobs moved 0\.00 of the way") as failure:
+        syncs([0.02, 0.02], skip_from=1)
+    assert "stale weights" in str(failure.value)
+    # The gap alone would not have caught it: with stale weights it is still under the bf16 tolerance.
+    stale = ProbeReading(BASE + 0.02 * torch.tensor([1.0, -1.0, 0.5, 1.0, -0.5, 0.2, 1.0]) + NOISE, BASE + 0.04 * torch.tensor([1.0, -1.0, 0.5, 1.0, -0.5, 0.2, 1.0]))
+    assert stale.gap < 0.15
