@@ -8,7 +8,7 @@ PANELS = (
     ("reward", ("reward_mean", "solve_rate", "kept_reward_mean")),
     ("groups", ("groups_kept", "groups_dropped_equal", "groups_dropped_small")),
     ("tokens per sample", ("sampled_tokens_mean", "response_tokens_mean")),
-    ("tool use", ("tool_call_rate", "tool_error_rate_kept_positive", "tool_error_rate_kept_negative")),
+    ("tool use", ("tool_call_rate", "tool_error_rate_positive", "tool_error_rate_kept_positive", "tool_error_rate_kept_negative")),
     ("update", ("clip_frac", "grad_norm", "approx_kl")),
     ("rollout vs trainer logprobs", ("logprob_gap", "probe_gap")),
     ("seconds per step", ("rollout_s", "reward_s", "train_s", "sync_s")),

@@ -270,6 +270,9 @@ def rollout_metrics(groups: list[list[Sample]], selection: Selection, kept_group
         "tool_calls_mean": mean([len(s.trajectory.tool_calls) for s in samples]),
         "tool_call_rate": mean([float(bool(s.trajectory.tool_calls)) for s in samples]),
         "tool_error_rate": error_rate(samples),
+        # The paper's measure of what RoC does to the policy: errors among every correct rollout, before selection.
+        "tool_error_rate_positive": error_rate([s for s in samples if s.reward > 0]),
+        # Among the samples selection kept: RoC picks positives for their low error penalty, so this is low by design.
         "tool_error_rate_kept_positive": error_rate(positives),
         "tool_error_rate_kept_negative": error_rate(negatives),
         "stop_reasons": dict(Counter(s.trajectory.stop_reason or "none" for s in samples)),

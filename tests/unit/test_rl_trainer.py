@@ -117,3 +117,24 @@ def test_split_by_tokens_keeps_order_and_balances():
     chunks = split_by_tokens(batches, 2)
     assert [len(c) for c in chunks] == [2, 2]
     assert split_by_tokens(batches, 9) == [[b] for b in batches]
+
+
+def test_step_metrics_count_tool_errors_among_all_positives_and_among_kept_ones_apart():
+    from rstar.rl.data import Problem
+    from rstar.rl.grpo.downsample import Selection
+    from rstar.rl.grpo.samples import Sample
+    from rstar.rl.grpo.train import rollout_metrics
+    from rstar.server.trajectory import ToolCallRecord, Trajectory
+
+    def sample(reward: float, failed_calls: int, clean_calls: int) -> Sample:
+        calls = [ToolCallRecord(0, i, "", "python", {}, None, "", exec_status="error" if i < failed_calls else "ok", success=i >= failed_calls)
+                 for i in range(failed_calls + clean_calls)]
+        return Sample(Problem("p", "q", "1"), Trajectory([1], tool_calls=calls), reward, "ok")
+
+    # Four positives, two with a failing call; selection kept the two clean ones and one negative.
+    group = [sample(1.0, 1, 1), sample(1.0, 1, 1), sample(1.0, 0, 2), sample(1.0, 0, 2), sample(0.0, 2, 0)]
+    selection = Selection({0: (2, 3, 4)}, 1, 0, 0, 0, 3, 2, 1)
+    metrics = rollout_metrics([group], selection, selection.pick([group]))
+    assert metrics["tool_error_rate_positive"] == 2 / 8  # before selection: the paper's measure
+    assert metrics["tool_error_rate_kept_positive"] == 0.0  # after it: low because RoC chose so
+    assert metrics["tool_error_rate"] == 4 / 10
