@@ -138,3 +138,32 @@ def test_step_metrics_count_tool_errors_among_all_positives_and_among_kept_ones_
     assert metrics["tool_error_rate_positive"] == 2 / 8  # before selection: the paper's measure
     assert metrics["tool_error_rate_kept_positive"] == 0.0  # after it: low because RoC chose so
     assert metrics["tool_error_rate"] == 4 / 10
+
+
+def test_a_repeated_step_asks_for_the_same_problems_with_the_same_seeds(default_tokenizer):
+    """What a resumed step repeats exactly: its problems (data_order) and every turn's sampling seed."""
+    import asyncio
+
+    from rstar.rl.data import Problem
+    from rstar.rl.grpo.config import GRPOConfig
+    from rstar.rl.grpo.rollout import RolloutEnv, generate
+    from rstar.rl.grpo.train import data_order
+    from rstar.server.chat_template import rstar_template
+    from tests.scripted_engine import call, scripted_engine
+    from tests.scripted_sandbox import ScriptedSandbox
+
+    problems = [Problem(str(i), f"What is {i} + {i}?", str(2 * i)) for i in range(10)]
+    config = GRPOConfig(prompts_per_step=3, rollouts_per_prompt=2, keep_per_prompt=2, min_positive_traces=1, min_negative_traces=1, max_turns=2, max_response_tokens=512)
+
+    def step(seed: int, number: int) -> tuple[list[int], list[tuple[int, int | None]]]:
+        batch = data_order(len(problems), seed, cursor=3 * number, take=3)
+        engine = scripted_engine(default_tokenizer, [call("print(1)")])  # every turn calls: each sample takes both turns
+        env = RolloutEnv(engine, rstar_template(default_tokenizer), ScriptedSandbox())
+        asyncio.run(generate(env, [problems[i] for i in batch], 2, config, seed, number))
+        return batch, sorted((len(prompt), options.seed) for prompt, options in zip(engine.prompts, engine.sampling))
+
+    first, again = step(seed=7, number=4), step(seed=7, number=4)
+    assert first == again
+    seeds = [seed for _, seed in first[1]]
+    assert len(seeds) == 12 and len(set(seeds)) == 12  # 3 problems x 2 samples x 2 turns, each its own seed
+    assert step(seed=8, number=4) != first and step(seed=7, number=5) != first
