@@ -167,3 +167,49 @@ def test_a_repeated_step_asks_for_the_same_problems_with_the_same_seeds(default_
     seeds = [seed for _, seed in first[1]]
     assert len(seeds) == 12 and len(set(seeds)) == 12  # 3 problems x 2 samples x 2 turns, each its own seed
     assert step(seed=8, number=4) != first and step(seed=7, number=5) != first
+
+
+def signal_trees():
+    groups = [[sample([20, 21, 22], 1.0), sample([30, 31, 32], 0.0)]]
+    return training_trees(Selection({0: (0, 1)}, 1, 0, 0, 0, 2, 1, 1).pick(groups))
+
+
+def test_the_learning_rate_warms_up_linearly_and_a_stage_reset_starts_it_again(tiny_model_dir):
+    warm = config(warmup_steps=3)
+    trainer = GRPOTrainer(Policy(tiny_model_dir, "float32"), warm)
+    rates = [trainer.update(signal_trees(), warm)["lr"] for _ in range(4)]
+    assert rates == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2, 1e-2])  # step k learns at (k + 1) / warm-up of the rate
+    assert trainer.optimizer.state  # AdamW moments gathered
+    trainer.reset_optimizer(warm)  # a stage with reset_optimizer (the paper's stage 3)
+    assert not trainer.optimizer.state
+    assert trainer.update(signal_trees(), warm)["lr"] == pytest.approx(1e-2 / 3)
+
+
+def test_an_unsolved_filter_keeps_the_problems_the_policy_does_not_solve_every_time(default_tokenizer):
+    import asyncio
+
+    from rstar.rl.grpo.recipe import Stage
+    from rstar.rl.grpo.rollout import RolloutEnv
+    from rstar.rl.grpo.train import stage_data
+    from rstar.sandbox.schemas import VerifyResult
+    from rstar.sandbox.verify import score
+    from rstar.server.chat_template import rstar_template
+    from tests.scripted_engine import scripted_engine
+    from tests.scripted_sandbox import ScriptedSandbox
+
+    class Grading(ScriptedSandbox):
+        async def verify(self, response, gold, timeout_s=None, rule="boxed"):
+            return VerifyResult(correct=score(response, gold, rule), status="ok")
+
+    def filtered(problems, **stage_fields):
+        engine = scripted_engine(default_tokenizer, ["</reason>\n<answer>\\boxed{2}</answer>"])  # always answers 2
+        env = RolloutEnv(engine, rstar_template(default_tokenizer), Grading())
+        stage = Stage(name="hard", steps=1, filter="unsolved", filter_samples=2, **stage_fields)
+        return asyncio.run(stage_data(env, stage, config(max_turns=1, max_response_tokens=64), problems, None, step=5))
+
+    problems = [Problem(str(i), f"What is {i}?", answer) for i, answer in enumerate(["2", "3", "2", "4"])]
+    assert [p.id for p in filtered(problems)] == ["1", "3"]
+    subset = filtered(problems, filter_max_problems=2)  # a seeded subset of the problems is judged
+    assert {p.id for p in subset} <= {"1", "3"} and subset == filtered(problems, filter_max_problems=2)
+    with pytest.raises(ValueError, match="stage 'hard': the policy solves every judged problem 2/2"):
+        filtered([problems[0], problems[2]])
