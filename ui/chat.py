@@ -12,6 +12,7 @@ import itertools
 import json
 import logging
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -121,6 +122,9 @@ async def batches_until_set(stop: asyncio.Event, events: AsyncIterator[T], inter
     finally:
         stopped.cancel()
 
+
+# How long a Stop that found no answer to end still counts, for the send whose arming it overtook on the way.
+EARLY_STOP_HOLD_S = 0.5
 
 # Every answer's number in this process: the end-of-answer signal names it, so a page (or a browser test)
 # tells this answer's end from the previous one's.
@@ -256,11 +260,17 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
     # The stop request of each page session's running answer (Gradio's session hash -> event); a page has at
     # most one, so its conversation grows one exchange at a time. `armed` holds the stop request of an answer
     # sent but not yet started (its send's first, unqueued step makes it), so a Stop pressed in between counts.
+    # The browser sends a Send's arming and a Stop on connections of their own, so a Stop pressed right after Send
+    # can reach the server first and find nothing to stop: `early` keeps when such a stop came, and an arming
+    # within EARLY_STOP_HOLD_S of it starts stopped.
     stops: dict[str, asyncio.Event] = {}
     armed: dict[str, asyncio.Event] = {}
+    early: dict[str, float] = {}
 
     async def arm(request: gr.Request):
-        armed[request.session_hash] = asyncio.Event()
+        stop = armed[request.session_hash] = asyncio.Event()
+        if time.monotonic() - early.pop(request.session_hash, float("-inf")) < EARLY_STOP_HOLD_S:
+            stop.set()
 
     async def respond(text, state, model, temperature, max_tokens, max_turns, tools, system, prefix, request: gr.Request):
         stop = armed.pop(request.session_hash, None) or asyncio.Event()
@@ -306,9 +316,15 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
         yield progress["display"], progress, gr.skip(), "", answer_signal(number, "stopped" if stop.is_set() else "done")
 
     async def stop_answer(request: gr.Request):
+        session = request.session_hash
+        if session not in stops and session not in armed:
+            now = time.monotonic()
+            for stale in [other for other, at in early.items() if now - at >= EARLY_STOP_HOLD_S]:
+                del early[stale]
+            early[session] = now
         for pending in (stops, armed):
-            if request.session_hash in pending:
-                pending[request.session_hash].set()
+            if session in pending:
+                pending[session].set()
 
     async def list_conversations(state):
         """The stored conversations, newest first, the open one selected."""
