@@ -67,6 +67,8 @@ class Policy:
                 model.enable_input_require_grads()
         self.model = model.to(self.device)
         self.model.train()
+        self.forward_module = LogprobModule(self.causal_lm, self.device, self.autocast)
+        self.sharded = False  # set by rstar.rl.grpo.distributed.shard: weights are FSDP2 shards across ranks
 
     @property
     def causal_lm(self):
@@ -87,22 +89,24 @@ class Policy:
 
         Divided by the sampling temperature, as the rollout engine's processed logprobs are.
         """
-        lm = self.causal_lm
-        with self.autocast():
-            hidden = hidden_states(lm.get_decoder(), batch, self.device)
-            logits = lm.get_output_embeddings()(hidden[batch.predict_from.to(self.device)])
-        logits = logits.float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        targets = batch.targets.to(self.device)
-        return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
+        return self.forward_module(batch, temperature)
 
     @torch.no_grad()
     def no_grad_logprobs(self, batch: ForwardBatch, temperature: float = 1.0) -> torch.Tensor:
         return self.logprobs(batch, temperature)
 
     def merged_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The full model's weights under the base model's names (adapters merged in, fp32, detached)."""
+        """The full model's weights under the base model's names (adapters merged in, fp32, detached).
+
+        Sharded, every rank must call this (the shards are gathered, one collective a tensor); rank 0 receives
+        the full weights in CPU memory, one copy, and the other ranks nothing.
+        """
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            yield from get_model_state_dict(self.causal_lm, options=options).items()
+            return
         if self.lora is None:
             yield from ((name, tensor.detach()) for name, tensor in self.model.state_dict().items())
             return
@@ -133,6 +137,31 @@ class Policy:
         write_safetensors(((n, t) for n, t in self.merged_state_dict() if n not in tied), out_dir / "model.safetensors")
         self.causal_lm.config.save_pretrained(out_dir)
         copy_tokenizer_files(self.model_dir, out_dir)
+
+
+class LogprobModule(torch.nn.Module):
+    """The causal LM's forward as the trainer needs it: packed rows in, loss tokens' logprobs out.
+
+    A module of its own so that the whole computation is one `forward` call: FSDP2's root hooks (gather the
+    shards, then free them) run on module forwards, and this one calls the decoder and the output head directly.
+    """
+
+    def __init__(self, causal_lm, device: torch.device, autocast):
+        super().__init__()
+        self.lm = causal_lm
+        self.device = device
+        self.autocast = autocast
+
+    def forward(self, batch: ForwardBatch, temperature: float) -> torch.Tensor:
+        lm, device = self.lm, self.device
+        with self.autocast():
+            hidden = hidden_states(lm.get_decoder(), batch, device)
+            logits = lm.get_output_embeddings()(hidden[batch.predict_from.to(device)])
+        logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        targets = batch.targets.to(device)
+        return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
 
 
 def lora_deltas(peft_model) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from rstar.rl.grpo.config import GRPOConfig
+from rstar.rl.grpo.distributed import World, clip_grad_norm
 from rstar.rl.grpo.loss import group_advantages, policy_loss, token_mean, truncated_is_weights
 from rstar.rl.grpo.samples import Sample
 from rstar.rl.packing import Branch, ForwardBatch, Tree, pack
@@ -64,8 +65,11 @@ def split_by_tokens(rows: list[ForwardBatch], parts: int) -> list[list[ForwardBa
 
 
 class GRPOTrainer:
-    def __init__(self, policy: Policy, config: GRPOConfig):
+    """The optimizer and the update of one policy; with a `World` of several ranks, of this rank's shards."""
+
+    def __init__(self, policy: Policy, config: GRPOConfig, world: World = World()):
         self.policy = policy
+        self.world = world
         self.optimizer, self.scheduler = make_optimizer(policy.trainable_parameters(), config)
 
     def reset_optimizer(self, config: GRPOConfig) -> None:
@@ -80,22 +84,27 @@ class GRPOTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
 
     def update(self, trees: list[Tree], config: GRPOConfig) -> dict:
-        """Train on the trees; returns the step's loss statistics. Runs in a worker thread."""
+        """Train on the trees; returns the step's loss statistics. Runs in a worker thread.
+
+        Sharded, each rank passes its own share of the step's trees (`balance_groups`) and all ranks call this
+        together; the statistics returned are the whole step's, the same on every rank.
+        """
         started = time.perf_counter()
+        world = self.world
         rows = pack(trees, config.token_budget)
-        mini_batches = split_by_tokens(rows, config.mini_batches_per_step)
+        mini_batches = equal_passes(split_by_tokens(rows, config.mini_batches_per_step), world)
         old: dict[int, torch.Tensor] = {}
         if config.old_logprobs == "trainer" and len(mini_batches) > 1:
             with torch.no_grad():
-                old = {id(row): self.policy.logprobs(row, config.temperature) for row in rows}
+                old = {id(row): self.policy.logprobs(row, config.temperature) for batch in mini_batches for row, _ in batch}
 
         totals = {"loss": 0.0, "clip_frac": 0.0, "dual_clip_frac": 0.0, "ratio_mean": 0.0, "approx_kl": 0.0, "logprob_gap": 0.0}
         grad_norms, skipped = [], 0
-        num_tokens = sum(row.num_loss_tokens for row in rows)
+        (num_tokens,) = world.sum([sum(row.num_loss_tokens for row in rows)])
         for batch in mini_batches:
-            batch_tokens = sum(row.num_loss_tokens for row in batch)
+            (batch_tokens,) = world.sum([sum(row.num_loss_tokens for row, real in batch if real)])
             self.optimizer.zero_grad(set_to_none=True)
-            for row in batch:
+            for row, real in batch:
                 logprobs = self.policy.logprobs(row, config.temperature)
                 rollout = row.values["rollout_logprobs"].to(logprobs.device)
                 if config.old_logprobs == "rollout":
@@ -107,13 +116,16 @@ class GRPOTrainer:
                     logprobs, old_logprobs, row.values["advantage"].to(logprobs.device), torch.ones_like(logprobs, dtype=torch.bool),
                     config.clip_low, config.clip_high, config.dual_clip, weights,
                 )
+                if not real:  # a padding pass: its collectives run, its gradient is zero
+                    (loss_sum * 0.0).backward()
+                    continue
                 token_mean(loss_sum, batch_tokens).backward()
                 share = row.num_loss_tokens / num_tokens
                 totals["loss"] += loss_sum.item() / num_tokens
                 for key in ("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl"):
                     totals[key] += stats[key] * share
                 totals["logprob_gap"] += (logprobs.detach() - rollout).abs().sum().item() / num_tokens
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), config.grad_clip).item()
+            grad_norm = clip_grad_norm(self.policy.trainable_parameters(), config.grad_clip)
             if math.isfinite(grad_norm):
                 self.optimizer.step()
             else:  # as verl does: a non-finite gradient skips the update instead of corrupting the weights
@@ -121,13 +133,35 @@ class GRPOTrainer:
             grad_norms.append(grad_norm)
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
+        summed = world.sum([*totals.values(), len(rows), sum(row.num_tokens for row in rows)])
+        totals = dict(zip(totals, summed))
         return {
             **totals,
             "grad_norm": max(grad_norms),
             "updates_skipped": skipped,
             "lr": lr,
-            "train_tokens": num_tokens,
-            "packed_tokens": sum(row.num_tokens for row in rows),
-            "rows": len(rows),
+            "train_tokens": int(num_tokens),
+            "packed_tokens": int(summed[-1]),
+            "rows": int(summed[-2]),
             "train_s": time.perf_counter() - started,
         }
+
+
+# What a rank with fewer rows than another runs to keep the collectives in step: one token, no loss.
+PADDING_TREE = Tree([0], [Branch([0], [1], {"advantage": [0.0], "rollout_logprobs": [0.0]})])
+
+
+def equal_passes(mini_batches: list[list[ForwardBatch]], world: World) -> list[list[tuple[ForwardBatch, bool]]]:
+    """Mini-batches of (row, real) with as many of each, and as many rows in each, as on any rank.
+
+    Every forward and backward of a sharded model is a collective, so all ranks must run the same number of
+    them; a rank short of rows runs padding rows (real False). One rank alone gets its rows unchanged.
+    """
+    count = world.max(len(mini_batches))
+    mini_batches = mini_batches + [[] for _ in range(count - len(mini_batches))]
+    padded = []
+    for batch in mini_batches:
+        rows = world.max(len(batch))
+        padding = pack([PADDING_TREE], 2) * (rows - len(batch))
+        padded.append([(row, True) for row in batch] + [(row, False) for row in padding])
+    return padded

@@ -1,0 +1,130 @@
+"""N sharded trainer ranks on this machine: this process is rank 0, ranks 1..N-1 are processes it spawns.
+
+Rank 0 stays in the process that owns the rollout engine, so the weight sync and checkpoints read the full
+weights where they are needed: gathered once per step into rank 0's memory, never one copy per rank. The other
+ranks are started with `torch.multiprocessing.start_processes` (spawn), join the same process group and then
+follow rank 0: each step rank 0 broadcasts what to do (`dist.broadcast_object_list`: the step's trees, already
+split between the ranks, and the config), and every rank does it together, since every operation on a
+sharded model is a collective.
+
+    with TrainerRanks(model_dir, "float32", config, size=2) as ranks:
+        stats = ranks.update(trees, config)    # the step's groups balanced by tokens across the ranks, never split
+        weights = ranks.full_state_dict()      # gathered into rank 0, for the weight sync
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from rstar.rl.grpo.balance import balance_groups
+from rstar.rl.grpo.config import GRPOConfig
+from rstar.rl.grpo.distributed import World, check_world_size, free_port, join, leave, shard, threads_per_rank
+from rstar.rl.grpo.trainer import GRPOTrainer
+from rstar.rl.packing import Tree
+from rstar.rl.policy import Policy, device_type
+
+ADDRESS = "127.0.0.1"
+
+
+def tree_tokens(tree: Tree) -> int:
+    """What a group costs a forward pass: its prompt once and every response."""
+    return len(tree.prefix) + sum(len(branch.token_ids) for branch in tree.branches)
+
+
+def split_trees(trees: Sequence[Tree], ranks: int) -> list[list[Tree]]:
+    return [[trees[i] for i in share] for share in balance_groups([tree_tokens(t) for t in trees], ranks)]
+
+
+def sharded_trainer(model_dir: Path, compute_dtype: str, config: GRPOConfig, world: World) -> GRPOTrainer:
+    policy = Policy(model_dir, compute_dtype, gradient_checkpointing=config.gradient_checkpointing)
+    shard(policy, world)
+    return GRPOTrainer(policy, config, world)
+
+
+class TrainerRanks:
+    """The trainer's ranks, driven from rank 0. Every method is one step of all ranks together."""
+
+    def __init__(self, model_dir: Path, compute_dtype: str, config: GRPOConfig, size: int):
+        check_world_size(size)
+        self.size = size
+        port = free_port()
+        threads = threads_per_rank(size)
+        self.followers = mp.start_processes(_follow, args=(size, port, str(model_dir), compute_dtype, config, threads), nprocs=size - 1, join=False, start_method="spawn")
+        torch.set_num_threads(threads)
+        try:
+            self.world = join(0, size, ADDRESS, port, device_type())
+            self.trainer = sharded_trainer(Path(model_dir), compute_dtype, config, self.world)
+        except BaseException:
+            self._stop_followers()
+            raise
+        self.policy = self.trainer.policy
+
+    def update(self, trees: Sequence[Tree], config: GRPOConfig) -> dict:
+        """One update of the whole step on all ranks; the step's statistics."""
+        shares = split_trees(trees, self.size)
+        self._tell("update", shares, config)
+        return self.trainer.update(shares[0], config)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full weights, gathered into this process (rank 0) in CPU memory."""
+        self._tell("gather")
+        return dict(self.policy.merged_state_dict())
+
+    def reset_optimizer(self, config: GRPOConfig) -> None:
+        self._tell("reset", config)
+        self.trainer.reset_optimizer(config)
+
+    def close(self) -> None:
+        try:
+            self._tell("stop")
+        finally:
+            self._stop_followers()
+            leave()
+
+    def _tell(self, *command) -> None:
+        dist.broadcast_object_list([command], src=0)
+
+    def _stop_followers(self) -> None:
+        if not self.followers.join(timeout=60):
+            for process in self.followers.processes:
+                if process.is_alive():
+                    process.kill()
+            self.followers.join()
+
+    def __enter__(self) -> "TrainerRanks":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _follow(index: int, size: int, port: int, model_dir: str, compute_dtype: str, config: GRPOConfig, threads: int) -> None:
+    """Ranks 1..N-1: do what rank 0 says until it says stop."""
+    torch.set_num_threads(threads)
+    rank = index + 1
+    world = join(rank, size, ADDRESS, port, device_type())
+    try:
+        trainer = sharded_trainer(Path(model_dir), compute_dtype, config, world)
+        while True:
+            message = [None]
+            dist.broadcast_object_list(message, src=0)
+            command, *args = message[0]
+            if command == "update":
+                shares, step_config = args
+                trainer.update(shares[rank], step_config)
+            elif command == "gather":
+                for _ in trainer.policy.merged_state_dict():
+                    pass  # this rank's part of the gather; the full tensors land on rank 0
+            elif command == "reset":
+                trainer.reset_optimizer(args[0])
+            elif command == "stop":
+                return
+            else:
+                raise ValueError(f"rank {rank}: unknown command {command!r}")
+    finally:
+        leave()

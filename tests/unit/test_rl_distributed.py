@@ -1,0 +1,109 @@
+"""Sharded trainer ranks (FSDP2 on gloo, real processes): two ranks compute the update one rank computes, and
+the step's groups are spread over the ranks whole and balanced by tokens."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from rstar.hardware import usable_cores
+from rstar.rl.grpo.balance import balance_groups
+from rstar.rl.grpo.config import GRPOConfig
+from rstar.rl.grpo.distributed import check_world_size
+from rstar.rl.grpo.ranks import split_trees, tree_tokens
+from rstar.rl.grpo.trainer import GRPOTrainer
+from rstar.rl.packing import Branch, Tree
+from rstar.rl.policy import Policy
+
+VOCAB = 49152  # the default model's (SmolLM2) tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def group(rng: random.Random, prompt: int, lengths: list[int], advantages: list[float]) -> Tree:
+    def tokens(n):
+        return [rng.randrange(5, VOCAB) for _ in range(n)]
+
+    branches = [Branch(tokens(n), [1] * n, {"advantage": [a] * n, "rollout_logprobs": [-1.0] * n}) for n, a in zip(lengths, advantages)]
+    return Tree(tokens(prompt), branches)
+
+
+def test_balance_never_splits_a_group_and_evens_the_tokens():
+    rng = random.Random(0)
+    for _ in range(200):
+        tokens = [rng.randrange(1, 500) for _ in range(rng.randrange(1, 30))]
+        ranks = rng.randrange(1, 6)
+        shares = balance_groups(tokens, ranks)
+        assert len(shares) == ranks
+        assert sorted(i for share in shares for i in share) == list(range(len(tokens)))  # each group once, whole
+        loads = [sum(tokens[i] for i in share) for share in shares]
+        assert max(loads) - min(loads) <= max(tokens)  # largest-first: no rank more than one group off
+        assert shares == balance_groups(tokens, ranks)  # every rank computes the same split
+    # By hand: 9 -> rank 0, 5 and 4 -> rank 1 (9 each), 3 -> rank 0 (the tie goes low), 3 -> rank 1, 2 -> rank 0: 14 / 12.
+    assert balance_groups([9, 5, 4, 3, 3, 2], 2) == [[0, 3, 5], [1, 2, 4]]
+    assert balance_groups([7], 3) == [[0], [], []]  # fewer groups than ranks: some ranks train padding only
+
+
+def test_split_trees_balances_by_each_groups_prompt_and_responses():
+    rng = random.Random(1)
+    trees = [group(rng, 50, [10, 10], [1, -1]), group(rng, 5, [60, 2], [1, -1]), group(rng, 40, [30], [1]), group(rng, 3, [3], [1])]
+    assert [tree_tokens(t) for t in trees] == [70, 67, 70, 6]
+    shares = split_trees(trees, 2)
+    assert [[tree_tokens(t) for t in share] for share in shares] == [[70, 67], [70, 6]]  # 137 / 76, the best two-way split
+
+
+def test_more_ranks_than_cores_is_refused_in_one_line_naming_the_fix():
+    cores = len(usable_cores())
+    check_world_size(cores, "cpu")
+    with pytest.raises(ValueError, match=rf"trainer_ranks {cores + 1}: this machine has {cores} CPU core.*use --trainer-ranks {cores} or fewer"):
+        check_world_size(cores + 1, "cpu")
+
+
+def test_two_ranks_update_the_weights_one_rank_does(tiny_model_dir):
+    """Groups of unequal lengths, so each rank's token count differs from the step's (the loss must be normalised
+    over the global batch), a clip that binds (grad norm about 1, clip 0.05: the norm must be global; with Adam
+    the clip shows from the second update on), and one group fewer than twice the ranks on the second step (a
+    rank runs a padding pass)."""
+    if len(usable_cores()) < 2:
+        pytest.skip("two ranks need two cores")
+    from rstar.rl.grpo.ranks import TrainerRanks
+
+    rng = random.Random(2)
+    first = [group(rng, 10, [5, 9], [1.0, -1.0]), group(rng, 7, [20, 3, 4], [0.5, -0.5, 1.0]), group(rng, 12, [2, 2], [-1.0, 1.0])]
+    second = [group(rng, 9, [30, 6], [-1.0, 1.0])]
+    config = GRPOConfig(learning_rate=1e-3, warmup_steps=0, compute_dtype="float32", grad_clip=0.05)
+
+    single = GRPOTrainer(Policy(tiny_model_dir, "float32"), config)
+    start = {name: tensor.clone() for name, tensor in single.policy.merged_state_dict()}
+    one = [single.update(first, config)]
+    one_weights = [{name: tensor.clone() for name, tensor in single.policy.merged_state_dict()}]
+    one.append(single.update(second, config))
+    one_weights.append(dict(single.policy.merged_state_dict()))
+
+    with TrainerRanks(tiny_model_dir, "float32", config, size=2) as ranks:
+        two = [ranks.update(first, config)]
+        two_weights = [ranks.full_state_dict()]
+        two.append(ranks.update(second, config))
+        two_weights.append(ranks.full_state_dict())
+
+    assert one[0]["grad_norm"] > 10 * config.grad_clip  # the clip binds
+    assert max((one_weights[0][n] - start[n]).abs().max().item() for n in start) > 1e-4  # the update is far above the tolerance
+    for a, b, wa, wb in zip(one, two, one_weights, two_weights):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+        assert b["train_tokens"] == a["train_tokens"]
+        assert sorted(wb) == sorted(wa)
+        worst = max((wa[n] - wb[n]).abs().max().item() for n in wa)
+        assert worst <= 1e-5, f"two ranks' weights differ from one rank's by {worst}"
