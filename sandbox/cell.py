@@ -27,6 +27,10 @@ CELL_FILENAME = "<cell>"
 
 def preload(modules: list[str]) -> None:
     """Import what cells will use, so no cell pays for it (the zygote does this once before forking)."""
+    if any(name == "matplotlib" or name.startswith("matplotlib.") for name in modules):
+        from . import figures
+
+        figures.warm_up()  # the Agg backend chosen before pyplot loads, and pyplot.show made to return figures
     for name in modules:
         __import__(name)
     if "sympy" in modules:

@@ -24,7 +24,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 
-from . import cell, harden, protocol
+from . import cell, figures, harden, protocol
 
 PR_GET_NO_NEW_PRIVS = 39
 PR_GET_SECCOMP = 21
@@ -45,13 +45,15 @@ class ChildSetup:
     cfg: dict
     landlock_abi: int
     seccomp: harden.SeccompProgram | None
+    images: figures.Limits
     released_headroom: int | None = None
     rulesets: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, cfg: dict) -> "ChildSetup":
         return cls(cfg=cfg, landlock_abi=harden.landlock_abi() if cfg.get("landlock") else 0,
-                   seccomp=harden.SeccompProgram(bytes.fromhex(cfg["seccomp_bpf"])) if cfg.get("seccomp_bpf") else None)
+                   seccomp=harden.SeccompProgram(bytes.fromhex(cfg["seccomp_bpf"])) if cfg.get("seccomp_bpf") else None,
+                   images=figures.Limits.of_config(cfg["images"]))
 
     def landlock_ruleset(self, scratch: str) -> int | None:
         """The Landlock ruleset for cells working in `scratch`, built once by the (privileged) zygote and
@@ -184,8 +186,11 @@ def harden_self(setup: ChildSetup, uid: int | None, scratch: str, cpu_s: int) ->
 
 
 def _send_status(message: dict) -> None:
+    # A line with images is larger than the pipe: a write may take only part of it.
+    view = memoryview((json.dumps(message) + "\n").encode())
     try:
-        os.write(CHILD_STATUS, (json.dumps(message) + "\n").encode())
+        while view:
+            view = view[os.write(CHILD_STATUS, view):]
     except OSError:
         pass
 
@@ -229,10 +234,18 @@ def _serve_jobs(setup: ChildSetup, persistent: bool, layers: dict, address_space
             if released:
                 _enter_released_semantics(setup, address_space, float(job["timeout_s"]))
             _set_stdin(job.get("stdin"))
-            cell.replay(job.get("history") or [], namespace)
+            figures.begin(setup.images, capture_show=not released)
+            if job.get("history"):
+                cell.replay(job["history"], namespace)
+                figures.discard()
             run = cell.run_cell_released if released else cell.run_cell
             status, exit_code = run(job["code"], namespace)
             message = {"status": status, "exit_code": exit_code}
+            images, notes = figures.collect()
+            if images:
+                message["images"] = images
+            if notes:
+                message["image_notes"] = notes
         elif kind == "verify":
             from . import verify
 

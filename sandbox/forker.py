@@ -171,7 +171,14 @@ def serve(sock: socket.socket, cfg: dict) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     setup = ChildSetup.from_config(cfg)
     started = time.monotonic()
+    # matplotlib builds its font list when it loads, asking fontconfig (which scans every font again and again
+    # without a writable cache): both get a cache dir of the warm image's own, beside the scratch dirs, which no
+    # cell reads (the fonts are in memory by then). Cells get the cell environment.
+    cache = {"MPLCONFIGDIR": os.path.join(cfg["scratch_root"], ".matplotlib"), "XDG_CACHE_HOME": os.path.join(cfg["scratch_root"], ".cache")}
+    os.environ.update(cache)
     cell.preload(cfg.get("preload", []))
+    for name in cache:
+        os.environ.pop(name, None)
     from . import verify  # noqa: F401  # so answer checking pays no import either
 
     released_memory = measure_released_headroom(setup)

@@ -14,14 +14,15 @@ import signal
 
 from .child import Child
 
-STATUS_MAX = 64 * 1024
+STATUS_MAX = 64 * 1024  # a status line without images (the probe's, a verify's)
 # code-judge's worker waited one second past the limit for a program whose own timer failed to fire.
 RELEASED_DEADLINE_GRACE_S = 1.0
 CHILD_STATUSES = ("ok", "error", "memory", "timeout", "internal_error", "invalid_input")
 
 
 class Job:
-    def __init__(self, request: dict, child: Child, keep_bytes: int, session: str | None, now: float) -> None:
+    def __init__(self, request: dict, child: Child, keep_bytes: int, session: str | None, now: float,
+                 status_max: int = STATUS_MAX) -> None:
         self.id = request["id"]
         self.request = request
         self.child = child
@@ -34,6 +35,7 @@ class Job:
         self.seen = {"out": 0, "err": 0}
         self.keep = keep_bytes
         self.status_buf = bytearray()
+        self.status_max = status_max  # the longest status line kept: room for the images the caps allow
         self.status_eof = False
         self.message: dict | None = None
         self.kill_reason: str | None = None
@@ -50,9 +52,11 @@ class Job:
         return self.seen["out"] + self.seen["err"] > max_output_bytes
 
     def take_status(self, data: bytes) -> bool:
-        """Add bytes of the status pipe; True once the child's status line is complete."""
-        self.status_buf += data[:STATUS_MAX]
-        return b"\n" in self.status_buf
+        """Add bytes of the status pipe; True once the child's status line is complete. Past `status_max` the
+        bytes are dropped: the line then never completes, and the child's exit status answers."""
+        kept = data[: max(0, self.status_max - len(self.status_buf))]
+        self.status_buf += kept
+        return b"\n" in kept  # only the new bytes are searched: a line with images comes in many reads
 
     def parse_status(self) -> None:
         if b"\n" not in self.status_buf:
@@ -102,6 +106,10 @@ def answer(job: Job, max_output_chars: int, now: float) -> dict:
               "stdout_truncated": out_cut, "stderr_truncated": err_cut, "duration_s": round(now - job.started, 6)}
     if value is not None:
         result["value"] = value
+    if job.message is not None and job.kill_reason is None:
+        for key in ("images", "image_notes"):
+            if job.message.get(key):
+                result[key] = job.message[key]
     if job.session is not None:
         result["session_new"] = job.session_new
     return result

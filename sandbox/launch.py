@@ -1,7 +1,7 @@
 """Host side of starting a zygote: feature detection, the bubblewrap command line and the zygote's config.
 
 The zygote runs `python -I -S` (no site, no user paths, no PYTHON* variables) with exactly the paths it
-needs on sys.path. Inside bubblewrap it sees: /usr read-only, the interpreter prefix and the site-packages
+needs on sys.path. Inside bubblewrap it sees: /usr and /etc/fonts read-only, the interpreter prefix and the site-packages
 directory read-only (their parents created 0755, since bwrap would make them 0700 and the cell uids could
 not traverse them), this package at /opt/rstar/sandbox, a fresh /proc and minimal /dev, and a size-capped
 tmpfs at /tmp that holds the cells' scratch directories. No network, pid, ipc, uts or cgroup namespace is
@@ -125,6 +125,7 @@ def plan(settings: SandboxSettings, host: HostReport) -> LaunchPlan:
         "max_output_bytes": settings.max_output_bytes,
         "max_output_chars": settings.max_output_chars,
         "session_ttl_s": settings.session_ttl_s,
+        "images": {"max_images": settings.max_images_per_cell, "max_pixels": settings.max_image_pixels, "max_bytes": settings.max_image_bytes},
         "preload": list(settings.preload),
         "env": dict(CELL_ENV),
         "thread_env": dict(THREAD_ENV),
@@ -147,7 +148,8 @@ def plan(settings: SandboxSettings, host: HostReport) -> LaunchPlan:
             "--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
     for key, value in {**CELL_ENV, "HOME": "/tmp"}.items():
         argv += ["--setenv", key, value]
-    argv += ["--ro-bind", "/usr", "/usr"]
+    # fontconfig's configuration, for matplotlib's font list in the warm image (Landlock keeps cells out of it)
+    argv += ["--ro-bind", "/usr", "/usr", "--ro-bind-try", "/etc/fonts", "/etc/fonts"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
             argv += ["--symlink", os.readlink(top), top]

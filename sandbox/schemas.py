@@ -38,6 +38,19 @@ class RunRequest(BaseModel):
     )
 
 
+class CellImage(BaseModel):
+    """A figure the cell drew (matplotlib), as PNG."""
+
+    format: Literal["png"] = "png"
+    width: int = Field(ge=1)
+    height: int = Field(ge=1)
+    # Checked as base64 here because a cell process wrote it: it goes into data URLs and pages as is.
+    data: str = Field(pattern=r"^[A-Za-z0-9+/]*={0,2}$", description="The PNG, base64-encoded.")
+
+    def data_url(self) -> str:
+        return f"data:image/{self.format};base64,{self.data}"
+
+
 class RunResult(BaseModel):
     status: Status
     exit_code: int | None = None
@@ -48,6 +61,8 @@ class RunResult(BaseModel):
     duration_s: float = Field(0.0, description="Time the cell ran (from hand-off to the child until it was done).")
     queue_s: float = Field(0.0, description="Time the call waited for a worker.")
     session_new: bool | None = Field(None, description="Session mode: true when this call started a fresh interpreter.")
+    images: list[CellImage] = Field(default_factory=list, description="The figures the cell drew, in the order it made them (sandbox/figures.py).")
+    image_notes: list[str] = Field(default_factory=list, description="Why figures were left out (a cap: max_images_per_cell, max_image_pixels, max_image_bytes).")
 
     @property
     def ok(self) -> bool:

@@ -20,8 +20,13 @@ class SandboxSettings(BaseModel):
     long_batch_queue_timeout_s: float = Field(3600.0, description="Queue wait allowed for code-judge's /run/long-batch.")
     preload: list[str] = Field(
         ["numpy", "sympy", "scipy", "scipy.linalg", "scipy.optimize", "scipy.special", "scipy.integrate", "scipy.stats",
-         "math_verify"],
-        description="Modules imported once in the zygote so cells pay no import cost (scipy loads its subpackages lazily, so the common ones are named).")
+         "math_verify", "matplotlib", "matplotlib.pyplot"],
+        description="Modules imported once in the zygote so cells pay no import cost (scipy loads its subpackages lazily, so the common ones are named; "
+        "matplotlib comes with the Agg backend and one figure already drawn, so a cell's figures render at once).")
+    # --- figures (matplotlib, returned as PNG)
+    max_images_per_cell: int = Field(8, ge=0, description="Figures one cell may return; the rest are left out with a note saying how many.")
+    max_image_pixels: int = Field(4_194_304, ge=1, description="Largest figure returned, in pixels (width x height; 2048x2048 by default); a larger one is not drawn and a note says so.")
+    max_image_bytes: int = Field(2_097_152, ge=1, description="Largest PNG returned, in bytes; a larger one is left out with a note.")
     # --- limits per cell
     memory_mb: int = Field(2048, description="Address-space cap per cell (RLIMIT_AS); the preloaded libraries already map ~0.5 GB.")
     max_processes: int = Field(32, description="Processes+threads per cell (RLIMIT_NPROC on the slot's own uid).")

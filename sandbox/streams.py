@@ -12,7 +12,7 @@ import os
 import selectors
 
 from .child import Child
-from .jobs import STATUS_MAX, Job
+from .jobs import Job
 
 READ_CHUNK = 65536
 
@@ -84,7 +84,7 @@ class Streams:
         """Whatever the status pipe still holds, then the status line parsed if it is complete."""
         if b"\n" not in job.status_buf and not job.status_eof:
             try:
-                while len(job.status_buf) < STATUS_MAX:
+                while len(job.status_buf) < job.status_max:
                     data = os.read(job.child.status, READ_CHUNK)
                     if not data:
                         job.status_eof = True

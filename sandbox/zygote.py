@@ -36,6 +36,7 @@ import time
 
 from . import harden, procs, protocol
 from .child import Child, prepare_scratch
+from .figures import Limits
 from .forker import Exited, Forker, ForkerGone, Spawned
 from .jobs import STATUS_MAX, Job, answer, refusal
 from .sessions import Session, SessionTable
@@ -57,6 +58,7 @@ class Zygote:
         self.drop_uid = bool(cfg["drop_uid"])
         self.uid_base = int(cfg["uid_base"])
         self.max_output_bytes = int(cfg["max_output_bytes"])
+        self.status_max = Limits.of_config(cfg["images"]).status_bytes()
         self.streams = Streams()
         self.control = protocol.FrameBuffer()
         self.spares: dict[int, Child | None] = {}
@@ -203,7 +205,7 @@ class Zygote:
                 return
             child = self.spares[slot]
             self.spares[slot] = None
-            job = Job(request, child, keep, None, now)
+            job = Job(request, child, keep, None, now, self.status_max)
             self.busy[slot] = job
         else:
             session = self.sessions.get(session_id)
@@ -217,7 +219,7 @@ class Zygote:
                 self.send(refusal(request["id"], "invalid_input", "this session is already running a cell"))
                 return
             self.streams.discard_pending(session.child)
-            job = Job(request, session.child, keep, session_id, now)
+            job = Job(request, session.child, keep, session_id, now, self.status_max)
             job.session_new = new
             session.job = job
         self.streams.watch(job)
