@@ -138,5 +138,5 @@ async def run_builtin_call(
         result = await executor.execute(call.name, call.code, call.stdin, replay, protocol)
     except Exception as exc:  # the sandbox itself failed; the model is told, the trajectory goes on
         return record.answer(execution_error_text(str(exc)), started_at, time.perf_counter() - clock)
-    response = truncate_response(render_exec_result(result), tools.max_tool_response_chars, tools.tool_response_truncate_side)
+    response = truncate_response(render_exec_result(result, protocol), tools.max_tool_response_chars, tools.tool_response_truncate_side)
     return record.answer(response, started_at, time.perf_counter() - clock, result)

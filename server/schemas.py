@@ -233,6 +233,8 @@ class CodeCell(BaseModel):
     stdout: str = ""
     stderr: str = ""
     duration_s: float | None = None
+    images: list[str] = Field(default_factory=list, description="The figures the cell drew (matplotlib), as PNG data URLs, in the order it made them.")
+    image_notes: list[str] = Field(default_factory=list, description="Why figures were left out (the sandbox's caps on figures per cell, pixels, bytes).")
 
     @model_serializer(mode="wrap")
     def _every_field(self, handler):
@@ -257,6 +259,8 @@ class CodeCell(BaseModel):
             stdout=record.stdout or "",
             stderr=record.stderr or "",
             duration_s=record.exec_duration_s,
+            images=record.images or [],
+            image_notes=record.image_notes or [],
         )
 
 

@@ -165,7 +165,10 @@ class _ResponseBuilder:
             return events
         index = self._index(item)
         logs = cell.stdout + (("\n" if cell.stdout and cell.stderr else "") + cell.stderr)
-        item["outputs"] = [{"type": "logs", "logs": logs}] if logs else []
+        if cell.image_notes:  # why figures are missing: the outputs have no other place to say it
+            logs = "\n".join([logs.rstrip("\n")] * bool(logs) + [f"[{note}]" for note in cell.image_notes])
+        # OpenAI's code_interpreter_call outputs: the logs, then each image the cell made.
+        item["outputs"] = ([{"type": "logs", "logs": logs}] if logs else []) + [{"type": "image", "url": url} for url in cell.images]
         item["status"] = "completed" if cell.status in _COMPLETED else "failed"
         events += [
             self.event("response.code_interpreter_call.completed", item_id=item["id"], output_index=index),

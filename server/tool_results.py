@@ -23,16 +23,26 @@ from rstar.sandbox.schemas import RunResult, code_judge_reason
 from rstar.sandbox.tools import ToolProtocol, TruncateSide
 from rstar.server.chat_template import ChatTemplate
 
-def render_exec_result(result: RunResult) -> str:
+def render_exec_result(result: RunResult, protocol: ToolProtocol) -> str:
     """`Tool call success|failure`, the failure reason (code-judge's), non-empty stdout and stderr, then the
-    time the sandbox measured."""
+    time the sandbox measured. Under `improved` a line per figure the cell returned (`[image 1: 640x480 PNG]`)
+    and per figure left out (the sandbox's note) comes before the time: the model cannot see the picture, but
+    it learns that its plot was made and how big it is. `released` never names them, as the release could not."""
     lines = ["Tool call success"] if result.ok else ["Tool call failure", f"reason: {code_judge_reason(result.status)}"]
     if result.stdout:
         lines.append(f"stdout: {result.stdout}")
     if result.stderr:
         lines.append(f"stderr: {result.stderr}")
+    if protocol == "improved":
+        lines += image_lines(result)
     lines.append(f"execution time: {result.duration_s:.2f}s")
     return "\n".join(lines)
+
+
+def image_lines(result: RunResult) -> list[str]:
+    """`[image N: WxH PNG]` for each figure returned, then `[note]` for each one left out."""
+    shown = [f"[image {number}: {image.width}x{image.height} {image.format.upper()}]" for number, image in enumerate(result.images, 1)]
+    return shown + [f"[{note}]" for note in result.image_notes]
 
 
 def decode_failure_text(error: str) -> str:

@@ -54,6 +54,8 @@ class ToolCallRecord:
     exec_reason: str | None = None
     exec_status: str | None = None  # the sandbox's status: ok, error, timeout, memory, output_limit, ...
     exec_duration_s: float | None = None  # as the sandbox measured it
+    images: list[str] | None = None  # the figures the cell returned, as data URLs (PNG), in the order it made them
+    image_notes: list[str] | None = None  # why figures were left out (the sandbox's caps)
     started_at: float | None = None  # unix time
     wall_s: float | None = None  # including sandbox queueing
 
@@ -79,6 +81,8 @@ class ToolCallRecord:
         if execution is not None:
             self.success, self.stdout, self.stderr = execution.ok, execution.stdout, execution.stderr
             self.exec_reason, self.exec_status, self.exec_duration_s = code_judge_reason(execution.status), execution.status, execution.duration_s
+            self.images = [image.data_url() for image in execution.images] or None
+            self.image_notes = list(execution.image_notes) or None
         return self
 
 
@@ -128,7 +132,7 @@ class Trajectory:
         cells = [
             ToolCallRecord(turn=0, index=cell.get("index", i), raw=cell.get("code", ""), name=cell.get("name"), arguments={"code": cell.get("code", "")},
                            decode_error=None, response=None, code=cell.get("code", ""), stdout=cell.get("stdout"), stderr=cell.get("stderr"), exec_status=cell.get("status"),
-                           exec_duration_s=cell.get("duration_s"))
+                           exec_duration_s=cell.get("duration_s"), images=cell.get("images") or None, image_notes=cell.get("image_notes") or None)
             for i, cell in enumerate(message.get("code_cells") or [])
         ]  # fmt: skip
         calls = [

@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from rstar.sandbox.schemas import RunRequest, RunResult
+from rstar.sandbox.schemas import CellImage, RunRequest, RunResult
 from rstar.server.builtin_tools import SandboxExecutor
 
 
 @dataclass
 class ScriptedSandbox:
     outputs: dict[str, str] = field(default_factory=dict)  # code -> stdout
+    images: dict[str, list[CellImage]] = field(default_factory=dict)  # code -> the figures its run returns
     stdout: str = ""  # what code not in `outputs` prints
     duration_s: float = 0.01  # the execution time each result reports
     delay_s: float = 0.0  # > 0 keeps runs in flight long enough to cancel
@@ -55,7 +56,7 @@ class ScriptedSandbox:
         if self.status != "ok":
             return RunResult(status=self.status, stderr=f"scripted {self.status}", duration_s=self.duration_s)
         stdout = self.outputs.get(request.code, self.stdout)
-        return RunResult(status="ok", exit_code=0, stdout=stdout, duration_s=self.duration_s)
+        return RunResult(status="ok", exit_code=0, stdout=stdout, duration_s=self.duration_s, images=self.images.get(request.code, []))
 
     async def run_batch(self, requests: list) -> list[RunResult]:
         return [await self.run(r) for r in requests]

@@ -268,10 +268,10 @@ async def build_conversation(example: Example, executor: CodeExecutor) -> Exampl
         if call.fails == result.ok or (not call.fails and not prints_answer(output, example.answer)):
             raise ProgramMismatch(
                 f"{example.id} ({example.phrasing}): expected {'a failure' if call.fails else example.answer!r}, "
-                f"the sandbox gave {render_exec_result(result)!r} for:\n{call.code}")
+                f"the sandbox gave {render_exec_result(result, 'improved')!r} for:\n{call.code}")
         call_id = f"call_{index}"
         messages.append(tool_call_message(call.reason, call.code, call_id))
-        messages.append({"role": "tool", "tool_call_id": call_id, "content": render_exec_result(result)})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": render_exec_result(result, "improved")})
     messages.append({
         "role": "assistant",
         "content": f"<reason>{example.reading.format(output=output)}</reason>\n"

@@ -23,7 +23,8 @@ def test_builtin_call_runs_in_the_sandbox_and_its_output_reaches_the_model(make_
     assert message.content.strip() == "The answer is 42."
     assert message.reasoning_content == "Let me compute.The tool says 42."
     assert message.code_cells == [
-        {"index": 0, "name": "python_code_with_standard_io", "code": "print(6*7)", "status": "ok", "stdout": "42\n", "stderr": "", "duration_s": 0.01}
+        {"index": 0, "name": "python_code_with_standard_io", "code": "print(6*7)", "status": "ok", "stdout": "42\n", "stderr": "", "duration_s": 0.01,
+         "images": [], "image_notes": []}
     ]
     assert [r.code for r in sandbox_of(http).requests] == ["print(6*7)"]
     second_prompt = engine.tokenizer.decode(engine.prompts[1])
@@ -67,7 +68,8 @@ def test_stream_sends_each_cell_when_it_starts_and_when_it_ends(make_server):
     collapsed = [kind for i, kind in enumerate(order) if i == 0 or order[i - 1] != kind]
     assert collapsed == ["reasoning", "content", "cell:running", "cell:ok", "reasoning", "content"]
     running = next(c.choices[0].delta.code_cell for c in chunks if c.choices and getattr(c.choices[0].delta, "code_cell", None))
-    assert running == {"index": 0, "name": "python_code_with_standard_io", "code": "print(6*7)", "status": "running", "stdout": "", "stderr": "", "duration_s": None}
+    assert running == {"index": 0, "name": "python_code_with_standard_io", "code": "print(6*7)", "status": "running", "stdout": "", "stderr": "", "duration_s": None,
+                       "images": [], "image_notes": []}
     assert chunks[0].conversation_id  # stored by default, announced up front
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
 

@@ -223,8 +223,10 @@ def test_in_process_tool_timeout_reaches_the_sandbox(default_tokenizer, tool_tim
 
 def test_a_chat_response_reads_back_as_the_records_its_cells_were_rendered_from():
     cells = [
-        {"index": 0, "name": "python_code_with_standard_io", "code": "1/0", "status": "error", "stdout": "", "stderr": "ZeroDivisionError", "duration_s": 0.02},
-        {"index": 1, "name": "", "code": "{oops", "status": "invalid_input", "stdout": "", "stderr": "Failed to decode tool call: bad JSON", "duration_s": None},
+        {"index": 0, "name": "python_code_with_standard_io", "code": "1/0", "status": "error", "stdout": "", "stderr": "ZeroDivisionError", "duration_s": 0.02,
+         "images": ["data:image/png;base64,iVBORw0KGgo="], "image_notes": ["figure 2 not returned: at most 1 per cell (max_images_per_cell)"]},
+        {"index": 1, "name": "", "code": "{oops", "status": "invalid_input", "stdout": "", "stderr": "Failed to decode tool call: bad JSON", "duration_s": None,
+         "images": [], "image_notes": []},
     ]
     calls = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]
     response = answer({"content": "", "reasoning_content": "r", "code_cells": cells, "tool_calls": calls}, finish="tool_calls")

@@ -36,7 +36,7 @@ def conversation() -> list[dict]:
     return [
         {"role": "user", "content": PROBLEM},
         {"role": "assistant", "content": "<reason>I will compute the product with Python.", "tool_calls": [{"type": "function", "function": {"name": PYTHON_TOOL, "arguments": arguments}}]},
-        {"role": "tool", "content": render_exec_result(RESULT)},
+        {"role": "tool", "content": render_exec_result(RESULT, "improved")},
         {"role": "assistant", "content": "<reason>" + TURNS[1]},
     ]
 

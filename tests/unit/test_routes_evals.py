@@ -60,7 +60,8 @@ def test_samples_filter_page_and_full_record(served_run):
     # What the sandbox printed for the model's cell, as the agent loop recorded it.
     assert cell["arguments"]["code"] == written.code and cell["stdout"] == f"{written.right_doc['answer']}\n" and cell["exec_status"] == "ok"
     # ... and drawn as a chat answer's code cell, for the UI to show as it shows a chat
-    assert sample["code_cells"] == [{"index": 0, "name": cell["name"], "code": written.code, "status": "ok", "stdout": cell["stdout"], "stderr": "", "duration_s": cell["exec_duration_s"]}]
+    assert sample["code_cells"] == [{"index": 0, "name": cell["name"], "code": written.code, "status": "ok", "stdout": cell["stdout"], "stderr": "", "duration_s": cell["exec_duration_s"],
+                                    "images": [], "image_notes": []}]
     missed = client.get(f"/v1/evals/runs/{written.run_id}/samples/{ids[wrong]}").json()
     assert (missed["score"], missed["num_tool_calls"]) == (0.0, 0) and missed["trajectory"]["tool_calls"] == [] and missed["code_cells"] == []
 

@@ -164,7 +164,7 @@ RESULTS = {
 
 
 def test_result_rendering_golden():
-    check_json("tool_results/rendered.json", {name: render_exec_result(result) for name, result in RESULTS.items()})
+    check_json("tool_results/rendered.json", {name: render_exec_result(result, "released") for name, result in RESULTS.items()})
 
 
 def test_truncation_golden():
@@ -226,11 +226,12 @@ def test_a_code_cell_is_drawn_from_the_call_record():
     unknown, _ = dispatch(TURNS["unknown_tool"])
     cells = [CodeCell.of_record(record).model_dump() for record in (ran, timed_out, undecodable, unknown)]
     code = ran.arguments["code"]
+    no_figures = {"images": [], "image_notes": []}
     assert cells == [
-        {"index": 0, "name": PYTHON_TOOL, "code": code, "status": "ok", "stdout": "ok", "stderr": "", "duration_s": 0.01},
-        {"index": 0, "name": PYTHON_TOOL, "code": code, "status": "timeout", "stdout": "", "stderr": "scripted timeout", "duration_s": 4.0},
-        {"index": 0, "name": "", "code": undecodable.raw, "status": "invalid_input", "stdout": "", "stderr": undecodable.response, "duration_s": None},
-        {"index": 0, "name": "WolframAlpha", "code": unknown.raw, "status": "invalid_input", "stdout": "", "stderr": "Error when executing tool: 'WolframAlpha'", "duration_s": None},
+        {"index": 0, "name": PYTHON_TOOL, "code": code, "status": "ok", "stdout": "ok", "stderr": "", "duration_s": 0.01, **no_figures},
+        {"index": 0, "name": PYTHON_TOOL, "code": code, "status": "timeout", "stdout": "", "stderr": "scripted timeout", "duration_s": 4.0, **no_figures},
+        {"index": 0, "name": "", "code": undecodable.raw, "status": "invalid_input", "stdout": "", "stderr": undecodable.response, "duration_s": None, **no_figures},
+        {"index": 0, "name": "WolframAlpha", "code": unknown.raw, "status": "invalid_input", "stdout": "", "stderr": "Error when executing tool: 'WolframAlpha'", "duration_s": None, **no_figures},
     ]
     assert undecodable.response.startswith("Failed to decode tool call")
     client_call = ToolCallRecord.of_call(0, parse_tool_calls(TURNS["unknown_tool"])[0])  # unanswered: the client runs it
@@ -275,7 +276,7 @@ def test_sandbox_results_render_as_released():
                 ("timeout", "while True: pass", "", []),
             ]:
                 tool = JUPYTER_TOOL if replay else PYTHON_TOOL
-                texts[name] = render_exec_result(await executor.execute(tool, code, stdin, replay))
+                texts[name] = render_exec_result(await executor.execute(tool, code, stdin, replay), "released")
             return texts
 
     texts = asyncio.run(go())
