@@ -70,9 +70,10 @@ class ApiClient:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
 
-    def _client(self, read_timeout: float | None = None) -> httpx.AsyncClient:
+    def _client(self, stream: bool = False) -> httpx.AsyncClient:
         # A client per call: Gradio may run handlers on different event loops, which a shared pool would not survive.
-        timeout = httpx.Timeout(self.timeout, read=read_timeout if read_timeout is not None else self.timeout)
+        # A stream has no read timeout: a long tool call legitimately leaves it quiet for a while.
+        timeout = httpx.Timeout(self.timeout, read=None if stream else self.timeout)
         return httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=timeout)
 
     def _unreachable(self, exc: httpx.HTTPError) -> ApiError:
@@ -145,9 +146,8 @@ class ApiClient:
     async def stream_chat(self, payload: dict[str, Any]) -> AsyncIterator[StreamEvent]:
         """Stream one completion. Leaving the loop early (the stop button cancels the task) closes the
         connection, which is what aborts the generation on the server."""
-        # No read timeout: a long tool call legitimately leaves the stream quiet for a while.
         try:
-            async with self._client(read_timeout=None) as client:
+            async with self._client(stream=True) as client:
                 async with client.stream("POST", "/v1/chat/completions", json={**payload, "stream": True}) as response:
                     if response.status_code != 200:
                         await response.aread()

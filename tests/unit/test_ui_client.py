@@ -31,7 +31,7 @@ def test_an_error_event_in_the_stream_raises_a_readable_error():
         chunk_events({"error": {"message": "engine died", "type": "server_error"}})
 
 
-def run_against(app: FastAPI, scenario):
+def run_against(app: FastAPI, scenario, timeout: float = 10.0):
     """Serve `app` with uvicorn on a loopback port and run `scenario(client)` against it."""
     import uvicorn
 
@@ -43,7 +43,7 @@ def run_against(app: FastAPI, scenario):
         while not server.started:
             await asyncio.sleep(0.01)
         try:
-            return await scenario(ApiClient(f"http://127.0.0.1:{sock.getsockname()[1]}", api_key="k"))
+            return await scenario(ApiClient(f"http://127.0.0.1:{sock.getsockname()[1]}", api_key="k", timeout=timeout))
         finally:
             server.should_exit = True
             await task
@@ -72,6 +72,26 @@ def test_stream_chat_yields_events_and_sends_the_key():
     events = run_against(app, scenario)
     assert events == [StreamEvent("started", "c9"), StreamEvent("content", "42"), StreamEvent("finished", "stop")]
     assert seen == {"auth": "Bearer k", "stream": True}
+
+
+def test_a_stream_quiet_for_longer_than_the_timeout_goes_on():
+    """A long tool call leaves the stream quiet; the client's timeout is for answering, not for the stream's pauses."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: dict):
+        async def events():
+            yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"reasoning_content": "Running it."}}]}) + "\n\n"
+            await asyncio.sleep(1.0)
+            yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": "42"}, "finish_reason": "stop"}]}) + "\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def scenario(client):
+        return [event async for event in client.stream_chat({"model": "m", "messages": []})]
+
+    assert run_against(app, scenario, timeout=0.3)[-1] == StreamEvent("finished", "stop")
 
 
 def test_http_errors_become_the_servers_message():
