@@ -69,13 +69,30 @@ def cell_title(cell: dict[str, Any]) -> str:
 
 
 def cell_markdown(cell: dict[str, Any]) -> str:
-    """A code cell: title line, highlighted code, then stdout/stderr once it has them."""
+    """A code cell: title line, highlighted code, then stdout/stderr and its figures once it has them."""
     blocks = [f'<span class="{CELL_CLASS}">**{cell_title(cell)}**</span>', fence(cell.get("code") or "", "python")]
     for stream in ("stdout", "stderr"):
         if cell.get(stream):
             blocks.append(f"*{stream}*\n\n{output_block(cell[stream])}")
-    if cell.get("status") not in (None, "running") and not cell.get("stdout") and not cell.get("stderr"):
+    if figures := cell_images_markdown(cell):
+        blocks.append(figures)
+    elif cell.get("status") not in (None, "running") and not cell.get("stdout") and not cell.get("stderr"):
         blocks.append("*no output*")
+    return "\n\n".join(blocks)
+
+
+# Only an inline PNG is drawn: the URL goes into the page's Markdown as is, so it must not be able to end the
+# image's parentheses or point the browser anywhere.
+_PNG_DATA_URL = re.compile(r"data:image/png;base64,[A-Za-z0-9+/]*={0,2}")
+
+
+def cell_images_markdown(cell: dict[str, Any]) -> str:
+    """Every figure the cell returned, inline and in the order it made them, then why any were left out."""
+    number = int(cell.get("index", 0)) + 1
+    urls = [url for url in cell.get("images") or [] if isinstance(url, str) and _PNG_DATA_URL.fullmatch(url)]
+    blocks = [f"![figure {i} of cell {number}]({url})" for i, url in enumerate(urls, 1)]
+    if cell.get("image_notes"):
+        blocks.append(f"*figures left out*\n\n{fence(chr(10).join(map(str, cell['image_notes'])))}")
     return "\n\n".join(blocks)
 
 

@@ -15,6 +15,7 @@ from rstar.ui.render import (
     AssistantTurn,
     answer_markdown,
     boxed_values,
+    cell_images_markdown,
     cell_markdown,
     conversation_messages,
     fence,
@@ -68,6 +69,22 @@ def test_a_finished_cell_shows_status_timing_and_outputs():
     assert "*stdout*\n\n```\n42\n```" in text and "*stderr*\n\n```\nwarning: x\n```" in text
     assert "✗ timed out" in cell_markdown({**DONE, "status": "timeout", "stdout": ""})
     assert "*no output*" in cell_markdown({**DONE, "stdout": ""})
+
+
+def test_every_figure_of_a_cell_shows_inline_in_order_after_its_output():
+    first, second = "data:image/png;base64,iVBORw0KGgoAAA=", "data:image/png;base64,iVBORw0KGgoBBB="
+    cell = {**DONE, "index": 1, "images": [first, second], "image_notes": ["figure 3 not returned: over the cap"]}
+    text = cell_markdown(cell)
+    assert text.index("*stdout*") < text.index(f"![figure 1 of cell 2]({first})") < text.index(f"![figure 2 of cell 2]({second})")
+    assert text.endswith("*figures left out*\n\n```\nfigure 3 not returned: over the cap\n```")
+    assert "*no output*" not in cell_markdown({**DONE, "stdout": "", "images": [first]})
+    assert cell_images_markdown(DONE) == ""
+
+
+def test_only_inline_pngs_are_drawn():
+    """The URL goes into the page's Markdown: one that could close the image's parentheses or load from elsewhere is not drawn."""
+    bad = ["https://example.com/x.png", "data:image/png;base64,AAAA) <img src=x onerror=alert(1)>", "data:image/svg+xml;base64,PHN2Zz4=", 7]
+    assert cell_images_markdown({**DONE, "images": bad}) == ""
 
 
 def test_fences_outlast_backticks_inside():
