@@ -127,31 +127,49 @@ class _Refused(Exception):
     pass
 
 
+# The cell being run: its limits and protocol, set by `begin` without allocating anything (a cell that draws
+# nothing must not even dirty a page for this), and its `_Capture`, made only once there is a figure to take.
+_limits: Limits | None = None
+_capture_show = False
 _capture: _Capture | None = None
 _stock_show = None  # pyplot.show as matplotlib defines it, once `warm_up` has replaced it
+_NOTHING: tuple[list, list] = ([], [])  # collect's answer for a cell with no figure; never mutated
 
 
 def begin(limits: Limits, capture_show: bool) -> None:
     """Before a cell runs: start collecting its figures (`capture_show`: plt.show() renders and closes them)."""
+    global _limits, _capture_show, _capture
+    _limits, _capture_show, _capture = limits, capture_show, None
+
+
+def _open_figures() -> bool:
+    helpers = sys.modules.get("matplotlib._pylab_helpers")
+    return helpers is not None and bool(helpers.Gcf.figs)
+
+
+def _current() -> _Capture:
     global _capture
-    _capture = _Capture(limits, capture_show)
+    if _capture is None:
+        _capture = _Capture(_limits, _capture_show)
+    return _capture
 
 
 def discard() -> None:
     """Forget the figures made so far (the jupyter_code replay's, which were returned when those cells ran)."""
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    if pyplot is not None and pyplot.get_fignums():
-        pyplot.close("all")
-    if _capture is not None:
-        begin(_capture.limits, _capture.capture_show)
+    global _capture
+    if _open_figures():
+        sys.modules["matplotlib.pyplot"].close("all")
+    _capture = None
 
 
 def collect() -> tuple[list[dict], list[str]]:
     """After a cell ran: (images, notes). Images are {"format": "png", "width", "height", "data": base64}."""
-    global _capture
-    capture, _capture = _capture, None
-    if capture is None:
-        return [], []
+    global _limits, _capture
+    if _limits is None or (_capture is None and not _open_figures()):
+        _limits = None
+        return _NOTHING
+    capture = _current()
+    _limits, _capture = None, None
     try:
         capture.take_open_figures()
     except Exception as exc:  # noqa: BLE001 - a cell can break pyplot itself; its output still stands
@@ -161,29 +179,28 @@ def collect() -> tuple[list[dict], list[str]]:
 
 def _show(*args, **kwargs):
     """pyplot.show in a cell: under the improved protocol, the open figures become images and close."""
-    if _capture is not None and _capture.capture_show:
-        _capture.take_open_figures()
+    if _limits is not None and _capture_show:
+        _current().take_open_figures()
         return None
     return _stock_show(*args, **kwargs)
 
 
 def warm_up() -> None:
-    """Put matplotlib in the warm image: the Agg backend, pyplot, and one figure drawn and saved as PNG, so
-    a cell's first figure finds the fonts, the text layout and the PNG writer loaded; pyplot.show replaced
-    by `_show`."""
+    """Put matplotlib in the warm image: the Agg backend, pyplot, and the PNG writer (Pillow's, which
+    matplotlib would import at a cell's first savefig); pyplot.show replaced by `_show`.
+
+    No figure is drawn here, though that would warm the fonts and text layout too: measured, it made each
+    fork of the image fault in about 140 more pages even for `print(1)` (the C heap the fonts leave behind),
+    and saved a figure cell only a few percent more than this does."""
     global _stock_show
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.backends.backend_agg  # noqa: F401
     import matplotlib.pyplot as pyplot
+    from PIL import Image
 
-    figure, axes = pyplot.subplots()
-    axes.plot([0, 1, 2], [0, 1, 4], label="warm")
-    axes.set_title("warm-up")
-    axes.set_xlabel("x")
-    axes.legend()
-    figure.savefig(io.BytesIO(), format="png")
-    pyplot.close("all")
+    Image.preinit()  # registers the PNG plugin, as Image.save would on first use
     if _stock_show is None:
         _stock_show = pyplot.show
         pyplot.show = _show

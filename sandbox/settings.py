@@ -22,7 +22,7 @@ class SandboxSettings(BaseModel):
         ["numpy", "sympy", "scipy", "scipy.linalg", "scipy.optimize", "scipy.special", "scipy.integrate", "scipy.stats",
          "math_verify", "matplotlib", "matplotlib.pyplot"],
         description="Modules imported once in the zygote so cells pay no import cost (scipy loads its subpackages lazily, so the common ones are named; "
-        "matplotlib comes with the Agg backend and one figure already drawn, so a cell's figures render at once).")
+        "matplotlib comes with the Agg backend and its PNG writer, so a cell's figures cost their drawing only).")
     # --- figures (matplotlib, returned as PNG)
     max_images_per_cell: int = Field(8, ge=0, description="Figures one cell may return; the rest are left out with a note saying how many.")
     max_image_pixels: int = Field(4_194_304, ge=1, description="Largest figure returned, in pixels (width x height; 2048x2048 by default); a larger one is not drawn and a note says so.")
