@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rstar.config import Settings
 from rstar.rl.data import DataError, load_problems
 from rstar.rl.grpo.config import GRPOConfig
+from rstar.rl.grpo.distributed import check_world_size
 from rstar.rl.grpo.recipe import Recipe, RecipeError, load_recipe, shipped_recipes
 from rstar.rl.grpo.rollout import RolloutEnv
 from rstar.rl.grpo.train import RecipeDoesNotFit, RunSpec, check_window, prompt_lengths, train_grpo
@@ -67,6 +68,7 @@ OVERRIDE_BOUNDS: dict[str, tuple[float, float]] = {
     "seed": (0, 2**31 - 1),
     "save_every": (1, 1000),
     "keep_checkpoints": (1, 10),
+    "trainer_ranks": (1, 64),  # and no more than the server's cores or GPUs (requested_recipe)
 }
 MAX_DATA_BYTES = 512 * 1024 * 1024
 
@@ -102,9 +104,14 @@ def data_file(value: str, param: str, settings: Settings) -> Path:
 def requested_recipe(body: RunRequest, settings: Settings) -> Recipe:
     source = body.recipe if body.recipe in shipped_recipes() else str(data_file(body.recipe, "recipe", settings))
     try:
-        return load_recipe(source, bounded_overrides(body.config))
+        recipe = load_recipe(source, bounded_overrides(body.config))
     except RecipeError as exc:
         raise APIError(400, str(exc), "config" if body.config else "recipe") from None
+    try:
+        check_world_size(recipe.stage_config(0).trainer_ranks)
+    except ValueError as exc:
+        raise APIError(400, str(exc), "config.trainer_ranks") from None
+    return recipe
 
 
 class RlRuns:

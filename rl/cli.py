@@ -163,17 +163,22 @@ def train_command(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config value for every stage: --set prompts_per_step=4")] = None,
     ray_address: Annotated[Optional[str], typer.Option(help="Run tool calls and answer checks on sandbox pools of this Ray cluster ('auto', 'ray://host:10001').")] = None,
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Stop the recipe after this many steps in all (a trial run).")] = None,
+    trainer_ranks: Annotated[Optional[int], typer.Option(min=1, help="Trainer processes, the policy sharded across them (FSDP2): one per GPU, or per core on CPU.")] = None,
 ) -> None:
     """GRPO-RoC on a recipe's stages, with rollouts on an engine and sandbox started in this process."""
     from rstar.rl.data import DataError, load_problems
+    from rstar.rl.grpo.distributed import check_world_size
     from rstar.rl.grpo.recipe import RecipeError, load_recipe
 
     settings = load_settings(model=model, sandbox={"ray_address": ray_address} if ray_address else None)
     try:
         overrides = dict(_parse_setting(item) for item in set_ or [])
+        if trainer_ranks is not None:
+            overrides["trainer_ranks"] = trainer_ranks
         loaded = load_recipe(recipe, overrides)
         if max_steps is not None:
             loaded = loaded.truncated(max_steps)
+        check_world_size(loaded.stage_config(0).trainer_ranks)
         problems = load_problems(data)
     except (RecipeError, DataError, ValueError) as exc:
         raise _fail(str(exc)) from None

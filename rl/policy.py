@@ -93,7 +93,12 @@ class Policy:
 
     @torch.no_grad()
     def no_grad_logprobs(self, batch: ForwardBatch, temperature: float = 1.0) -> torch.Tensor:
-        return self.logprobs(batch, temperature)
+        logprobs = self.logprobs(batch, temperature)
+        if self.sharded:
+            # FSDP2 keeps the root's weights gathered after its forward, for the backward that usually follows; none
+            # follows this one, and until resharded the module's parameters are not the optimizer's (sharded) ones.
+            self.forward_module.reshard()
+        return logprobs
 
     def merged_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full model's weights under the base model's names (adapters merged in, fp32, detached).

@@ -80,6 +80,10 @@ class GRPOConfig(ToolSettings):
     )
     token_budget: int = Field(8192, ge=64, description="Tokens per packed micro-batch row (shared prompts counted once).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward: less memory, about a third more time.")
+    trainer_ranks: int = Field(
+        1, ge=1, description="Trainer processes on this machine, the policy sharded across them with FSDP2 (one per GPU; on CPU one per core, gloo). "
+        "Read from the first stage. Not in the release (verl shards over its Ray workers).",
+    )
     # --- weight sync
     max_logprob_gap: float | None = Field(
         0.05, gt=0, description="Largest mean |rollout - trainer| logprob over a step's sampled tokens before the run stops (the engine and trainer "

@@ -62,7 +62,7 @@ class TrainerRanks:
         except BaseException:
             self._stop_followers()
             raise
-        self.policy = self.trainer.policy
+        self.policy = LeaderPolicy(self.trainer.policy, self._tell)
 
     def update(self, trees: Sequence[Tree], config: GRPOConfig) -> dict:
         """One update of the whole step on all ranks; the step's statistics."""
@@ -72,12 +72,20 @@ class TrainerRanks:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights, gathered into this process (rank 0) in CPU memory."""
-        self._tell("gather")
         return dict(self.policy.merged_state_dict())
 
     def reset_optimizer(self, config: GRPOConfig) -> None:
         self._tell("reset", config)
         self.trainer.reset_optimizer(config)
+
+    def optimizer_state(self) -> dict:
+        """AdamW's state gathered whole into rank 0, keyed by parameter name (torch.distributed.checkpoint's full form)."""
+        self._tell("optimizer")
+        return {"optimizer": full_optimizer_state(self.trainer), "scheduler": self.trainer.scheduler.state_dict(), "sharded_ranks": self.size}
+
+    def load_optimizer_state(self, state: dict) -> None:
+        raise ValueError(f"resuming a run trained on {self.size} sharded ranks is not built yet; start a new run from its last checkpoint "
+                         "(--model RUN_DIR/checkpoint-N), which keeps the weights and starts AdamW afresh")
 
     def close(self) -> None:
         try:
@@ -103,6 +111,38 @@ class TrainerRanks:
         self.close()
 
 
+class LeaderPolicy:
+    """Rank 0's view of the sharded policy, for the weight sync and checkpoints: what reads the whole model
+    (gathering the weights, a forward for the probe) first tells the other ranks to take their part."""
+
+    def __init__(self, policy: Policy, tell):
+        self.inner = policy
+        self.tell = tell
+
+    @property
+    def causal_lm(self):
+        return self.inner.causal_lm
+
+    def merged_state_dict(self):
+        self.tell("gather")
+        yield from self.inner.merged_state_dict()
+
+    def no_grad_logprobs(self, batch, temperature: float = 1.0) -> torch.Tensor:
+        self.tell("logprobs", batch, temperature)
+        return self.inner.no_grad_logprobs(batch, temperature)
+
+    def save_pretrained(self, out_dir: Path) -> None:
+        self.tell("gather")  # save_pretrained gathers the weights once
+        self.inner.save_pretrained(out_dir)
+
+
+def full_optimizer_state(trainer: GRPOTrainer) -> dict:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(trainer.policy.causal_lm, trainer.optimizer, options=options)
+
+
 def _follow(index: int, size: int, port: int, model_dir: str, compute_dtype: str, config: GRPOConfig, threads: int) -> None:
     """Ranks 1..N-1: do what rank 0 says until it says stop."""
     torch.set_num_threads(threads)
@@ -120,6 +160,10 @@ def _follow(index: int, size: int, port: int, model_dir: str, compute_dtype: str
             elif command == "gather":
                 for _ in trainer.policy.merged_state_dict():
                     pass  # this rank's part of the gather; the full tensors land on rank 0
+            elif command == "logprobs":
+                trainer.policy.no_grad_logprobs(*args)
+            elif command == "optimizer":
+                full_optimizer_state(trainer)
             elif command == "reset":
                 trainer.reset_optimizer(args[0])
             elif command == "stop":

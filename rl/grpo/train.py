@@ -26,6 +26,7 @@ from rstar.rl.checkpoint import TrainerState, latest_checkpoint, prune_checkpoin
 from rstar.rl.data import Problem
 from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.downsample import Selection, downsample
+from rstar.rl.grpo.ranks import TrainerRanks
 from rstar.rl.grpo.recipe import Recipe
 from rstar.rl.grpo.rollout import TOOLS, RolloutEnv, generate, prompt_messages, reward
 from rstar.rl.grpo.samples import Sample, is_tool_error
@@ -128,15 +129,21 @@ async def _train(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store:
     recipe = spec.recipe
     config = recipe.stage_config(0)
     dtype, _ = resolve_compute_dtype(config.compute_dtype)
-    policy = Policy(spec.model_dir, dtype, gradient_checkpointing=config.gradient_checkpointing)
-    trainer = GRPOTrainer(policy, config)
+    checkpoint = latest_checkpoint(spec.run_dir)
+    if config.trainer_ranks > 1:
+        if checkpoint is not None:
+            raise ValueError(f"run {spec.run_id}: resuming a run on {config.trainer_ranks} sharded trainer ranks is not built yet; "
+                             f"start a new run with --model {checkpoint} (its weights; AdamW starts afresh)")
+        trainer = TrainerRanks(spec.model_dir, dtype, config, config.trainer_ranks)
+    else:
+        trainer = GRPOTrainer(Policy(spec.model_dir, dtype, gradient_checkpointing=config.gradient_checkpointing), config)
+    policy = trainer.policy
     identity = model_identity(spec.model_dir)
     rng = random.Random(f"{config.seed}/roc")
     state = TrainerState(step=0, data_cursor=0, model_identity=identity)
     stage_problems: list[Problem] = problems
 
     spec.run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = latest_checkpoint(spec.run_dir)
     if checkpoint is not None:
         state = read_state(checkpoint, identity)
         policy.load_weights(checkpoint)
@@ -176,6 +183,8 @@ async def _train(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store:
         return "finished"
     finally:
         sync.close()
+        if isinstance(trainer, TrainerRanks):
+            await asyncio.get_running_loop().run_in_executor(torch_thread, trainer.close)  # collectives stay on the torch thread
         torch_thread.shutdown()
 
 

@@ -89,6 +89,7 @@ def test_rl_takes_the_admin_key_not_the_chat_key(rl_server):
         ({"save_every": True}, "save_every", "must be a number"),
         ({"token_budget": 64}, "token_budget", "cannot be set over the API"),
         ({"lr": 1}, "lr", "unknown key"),
+        ({"trainer_ranks": 64}, "trainer_ranks", "each rank needs one; use --trainer-ranks"),
     ],
 )
 def test_an_override_out_of_bounds_is_a_400_naming_the_knob_and_starts_nothing(rl_server, config, knob, says):

@@ -14,7 +14,7 @@ from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.distributed import check_world_size
 from rstar.rl.grpo.ranks import split_trees, tree_tokens
 from rstar.rl.grpo.trainer import GRPOTrainer
-from rstar.rl.packing import Branch, Tree
+from rstar.rl.packing import Branch, Tree, pack
 from rstar.rl.policy import Policy
 
 VOCAB = 49152  # the default model's (SmolLM2) tokenizer
@@ -92,11 +92,20 @@ def test_two_ranks_update_the_weights_one_rank_does(tiny_model_dir):
     one.append(single.update(second, config))
     one_weights.append(dict(single.policy.merged_state_dict()))
 
+    probe = pack([second[0]], 1000)[0]
     with TrainerRanks(tiny_model_dir, "float32", config, size=2) as ranks:
         two = [ranks.update(first, config)]
         two_weights = [ranks.full_state_dict()]
         two.append(ranks.update(second, config))
         two_weights.append(ranks.full_state_dict())
+        # What the weight sync's probe and a checkpoint read on rank 0, the other rank taking its part.
+        probe_two = ranks.policy.no_grad_logprobs(probe)
+        optimizer = ranks.optimizer_state()["optimizer"]
+    assert torch.allclose(probe_two, single.policy.no_grad_logprobs(probe), atol=1e-5)
+    moments = {name: state["exp_avg"] for name, state in optimizer["state"].items()}
+    single_moments = {name: single.optimizer.state[p]["exp_avg"] for name, p in single.policy.model.named_parameters()}
+    assert sorted(moments) == sorted(single_moments)  # gathered whole, under the parameters' names
+    assert max((moments[n] - single_moments[n]).abs().max().item() for n in moments) <= 1e-5
 
     assert one[0]["grad_norm"] > 10 * config.grad_clip  # the clip binds
     assert max((one_weights[0][n] - start[n]).abs().max().item() for n in start) > 1e-4  # the update is far above the tolerance
