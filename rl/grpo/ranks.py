@@ -84,8 +84,7 @@ class TrainerRanks:
         return {"optimizer": full_optimizer_state(self.trainer), "scheduler": self.trainer.scheduler.state_dict(), "sharded_ranks": self.size}
 
     def load_optimizer_state(self, state: dict) -> None:
-        raise ValueError(f"resuming a run trained on {self.size} sharded ranks is not built yet; start a new run from its last checkpoint "
-                         "(--model RUN_DIR/checkpoint-N), which keeps the weights and starts AdamW afresh")
+        raise ValueError(f"resuming on {self.size} sharded ranks is not built yet; resume with --trainer-ranks 1")
 
     def close(self) -> None:
         try:

@@ -132,8 +132,8 @@ async def _train(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store:
     checkpoint = latest_checkpoint(spec.run_dir)
     if config.trainer_ranks > 1:
         if checkpoint is not None:
-            raise ValueError(f"run {spec.run_id}: resuming a run on {config.trainer_ranks} sharded trainer ranks is not built yet; "
-                             f"start a new run with --model {checkpoint} (its weights; AdamW starts afresh)")
+            raise ValueError(f"run {spec.run_id}: resuming on {config.trainer_ranks} sharded trainer ranks is not built yet; "
+                             f"the same command with --trainer-ranks 1 resumes it from {checkpoint.name} on one rank")
         trainer = TrainerRanks(spec.model_dir, dtype, config, config.trainer_ranks)
     else:
         trainer = GRPOTrainer(Policy(spec.model_dir, dtype, gradient_checkpointing=config.gradient_checkpointing), config)

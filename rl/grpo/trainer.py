@@ -80,7 +80,12 @@ class GRPOTrainer:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_optimizer_state(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "sharded_ranks" in state:  # written by sharded ranks (`TrainerRanks.optimizer_state`): whole, keyed by parameter name
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.policy.causal_lm, self.optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
     def update(self, trees: list[Tree], config: GRPOConfig) -> dict:

@@ -100,12 +100,16 @@ def test_two_ranks_update_the_weights_one_rank_does(tiny_model_dir):
         two_weights.append(ranks.full_state_dict())
         # What the weight sync's probe and a checkpoint read on rank 0, the other rank taking its part.
         probe_two = ranks.policy.no_grad_logprobs(probe)
-        optimizer = ranks.optimizer_state()["optimizer"]
+        checkpointed = ranks.optimizer_state()
     assert torch.allclose(probe_two, single.policy.no_grad_logprobs(probe), atol=1e-5)
-    moments = {name: state["exp_avg"] for name, state in optimizer["state"].items()}
-    single_moments = {name: single.optimizer.state[p]["exp_avg"] for name, p in single.policy.model.named_parameters()}
-    assert sorted(moments) == sorted(single_moments)  # gathered whole, under the parameters' names
-    assert max((moments[n] - single_moments[n]).abs().max().item() for n in moments) <= 1e-5
+    # The checkpoint's AdamW state, gathered whole, resumes on one rank with the moments one rank built.
+    resumed = GRPOTrainer(Policy(tiny_model_dir, "float32"), config)
+    resumed.load_optimizer_state(checkpointed)
+    for name, parameter in resumed.policy.model.named_parameters():
+        mine, theirs = resumed.optimizer.state[parameter], single.optimizer.state[dict(single.policy.model.named_parameters())[name]]
+        assert int(mine["step"]) == int(theirs["step"]) == 2
+        assert (mine["exp_avg_sq"] - theirs["exp_avg_sq"]).abs().max().item() <= 1e-8
+        assert (mine["exp_avg"] - theirs["exp_avg"]).abs().max().item() <= 1e-5
 
     assert one[0]["grad_norm"] > 10 * config.grad_clip  # the clip binds
     assert max((one_weights[0][n] - start[n]).abs().max().item() for n in start) > 1e-4  # the update is far above the tolerance
