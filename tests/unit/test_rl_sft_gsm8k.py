@@ -103,3 +103,15 @@ def test_a_program_prints_the_answer_as_a_number(output, answer, same):
     from rstar.rl.sft.data import prints_answer
 
     assert prints_answer(output, answer) is same
+
+
+def test_make_sft_data_refuses_a_missing_file_and_the_test_split(tmp_path):
+    from typer.testing import CliRunner
+
+    from rstar.rl.cli import app
+
+    missing = CliRunner().invoke(app, ["make-sft-data", "--out", str(tmp_path / "out"), "--gsm8k", str(tmp_path / "nope.jsonl")])
+    assert missing.exit_code == 2 and "--gsm8k: no file at" in missing.output
+    test_split = CliRunner().invoke(app, ["make-sft-data", "--out", str(tmp_path / "out"), "--gsm8k", str(shared_data_dir() / "gsm8k" / "test.jsonl")])
+    assert test_split.exit_code == 2 and "looks like the test split" in test_split.output
+    assert not (tmp_path / "out").exists()  # refused before anything is written
