@@ -86,18 +86,19 @@ class _Capture:
         dpi = matplotlib.rcParams["savefig.dpi"]
         dpi = figure.dpi if dpi == "figure" else float(dpi)
         inches_w, inches_h = figure.get_size_inches()
-        width, height = round(inches_w * dpi), round(inches_h * dpi)
-        if width * height > limits.max_pixels:
-            raise _Refused(f"figure {number} not returned: {width}x{height} pixels is over the {limits.max_pixels}-pixel cap (max_image_pixels)")
+        self.check_pixels(number, round(inches_w * dpi), round(inches_h * dpi))
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", dpi=dpi)
         data = buffer.getvalue()
-        width, height = png_size(data)  # a tight bounding box (rcParams) changes the size
-        if width * height > limits.max_pixels:
-            raise _Refused(f"figure {number} not returned: {width}x{height} pixels is over the {limits.max_pixels}-pixel cap (max_image_pixels)")
+        width, height = png_size(data)
+        self.check_pixels(number, width, height)  # a tight bounding box (rcParams) makes it another size
         if len(data) > limits.max_bytes:
             raise _Refused(f"figure {number} not returned: its PNG is {len(data)} bytes, over the {limits.max_bytes}-byte cap (max_image_bytes)")
         return {"format": "png", "width": width, "height": height, "data": base64.b64encode(data).decode("ascii")}
+
+    def check_pixels(self, number: int, width: int, height: int) -> None:
+        if width * height > self.limits.max_pixels:
+            raise _Refused(f"figure {number} not returned: {width}x{height} pixels is over the {self.limits.max_pixels}-pixel cap (max_image_pixels)")
 
     def take_open_figures(self) -> None:
         """Render every open figure, oldest first, and close them all."""
