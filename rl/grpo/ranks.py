@@ -3,9 +3,9 @@
 Rank 0 stays in the process that owns the rollout engine, so the weight sync and checkpoints read the full
 weights where they are needed: gathered once per step into rank 0's memory, never one copy per rank. The other
 ranks are started with `torch.multiprocessing.start_processes` (spawn), join the same process group and then
-follow rank 0: each step rank 0 broadcasts what to do (`dist.broadcast_object_list`: the step's trees, already
-split between the ranks, and the config), and every rank does it together, since every operation on a
-sharded model is a collective.
+follow rank 0: rank 0 broadcasts what to do (`dist.broadcast_object_list`), and every rank does it together,
+since every operation on a sharded model is a collective. For an update, each rank then receives its own share of
+the step's groups (`dist.scatter_object_list`), not the whole step.
 
     with TrainerRanks(model_dir, "float32", config, size=2) as ranks:
         stats = ranks.update(trees, config)    # the step's groups balanced by tokens across the ranks, never split
@@ -66,9 +66,10 @@ class TrainerRanks:
 
     def update(self, trees: Sequence[Tree], config: GRPOConfig) -> dict:
         """One update of the whole step on all ranks; the step's statistics."""
-        shares = split_trees(trees, self.size)
-        self._tell("update", shares, config)
-        return self.trainer.update(shares[0], config)
+        self._tell("update", config)
+        mine = [None]
+        dist.scatter_object_list(mine, split_trees(trees, self.size), src=0)  # each rank receives its own share only
+        return self.trainer.update(mine[0], config)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights, gathered into this process (rank 0) in CPU memory."""
@@ -154,8 +155,9 @@ def _follow(index: int, size: int, port: int, model_dir: str, compute_dtype: str
             dist.broadcast_object_list(message, src=0)
             command, *args = message[0]
             if command == "update":
-                shares, step_config = args
-                trainer.update(shares[rank], step_config)
+                mine = [None]
+                dist.scatter_object_list(mine, None, src=0)
+                trainer.update(mine[0], *args)
             elif command == "gather":
                 for _ in trainer.policy.merged_state_dict():
                     pass  # this rank's part of the gather; the full tensors land on rank 0
