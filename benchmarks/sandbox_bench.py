@@ -14,7 +14,9 @@ Compared, in one run:
 
 For each: p50/p95/p99 latency of `print(1)` one call at a time, calls/s with 4 calls in flight with the CPU
 time and minor page faults each call cost the machine (every process of the runner), and the
-latency of a numpy and a sympy cell (import included: that is the point of the warm zygote). The goals are
+latency of a numpy, a sympy and a figure cell (a matplotlib line plot saved as PNG; imports included: that is
+the point of the warm zygote). The warm runners also time the figure left open instead, which they return as
+a PNG (`figure_returned`: what a cell's figure costs beyond the plot itself). The goals are
 ratios between runners measured in the same run, so they hold on any machine; the JSON records the CPU.
 
     python benchmarks/sandbox_bench.py [--quick] [--out FILE.json]
@@ -39,7 +41,7 @@ from goals import goal, write_report
 
 from rstar.hardware import cpu_info
 from rstar.orphan_guard import descendants, process_table
-from rstar.sandbox import cell, protocol
+from rstar.sandbox import cell, figures, protocol
 from rstar.sandbox.launch import THREAD_ENV
 from rstar.sandbox.clients import LocalClient
 from rstar.sandbox.settings import SandboxSettings
@@ -47,8 +49,22 @@ from rstar.sandbox.settings import SandboxSettings
 PRINT1 = "print(1)"
 NUMPY_CELL = "import numpy as np\nprint(np.linalg.det(np.eye(50)))"
 SYMPY_CELL = "import sympy as sp\nprint(sp.factorint(2**64 - 1))"
+FIGURE_CELL = """import io
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.plot(range(100), [x * x for x in range(100)])
+fig.savefig(io.BytesIO(), format="png")
+plt.close(fig)"""
+# The same plot left open: the sandbox returns it (sandbox/figures.py). A fresh python3 would return nothing.
+FIGURE_RETURNED = """import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.plot(range(100), [x * x for x in range(100)])"""
 CONCURRENCY = 4
 WORKERS = 2  # ours and the warm baselines alike
+_DEFAULTS = SandboxSettings()
+FIGURE_LIMITS = figures.Limits(_DEFAULTS.max_images_per_cell, _DEFAULTS.max_image_pixels, _DEFAULTS.max_image_bytes)
 
 
 def percentiles(samples: list[float]) -> dict:
@@ -63,6 +79,7 @@ def percentiles(samples: list[float]) -> dict:
 
 class Ours:
     name = "ours"
+    returns_figures = True
 
     def __init__(self) -> None:
         self.client = LocalClient(SandboxSettings(workers=WORKERS))
@@ -72,7 +89,7 @@ class Ours:
 
     async def call(self, code: str) -> None:
         result = await self.client.run({"code": code})
-        if not result.ok:
+        if not result.ok or len(result.images) != (code == FIGURE_RETURNED):
             raise RuntimeError(f"ours failed: {result}")
 
     async def close(self) -> None:
@@ -80,11 +97,14 @@ class Ours:
 
 
 def _run_captured(code: str) -> dict:
-    """One call in a warm server: the zygote's cell runner, output captured, a fresh namespace each time."""
+    """One call in a warm server: the zygote's cell runner and figure capture, output captured, a fresh
+    namespace each time."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        figures.begin(FIGURE_LIMITS, capture_show=True)
         status, _ = cell.run_cell(code, cell.new_namespace())
-    return {"status": status, "output": out.getvalue()}
+        images, _ = figures.collect()
+    return {"status": status, "output": out.getvalue(), "images": len(images)}
 
 
 def serve_warm(fork_per_call: bool) -> None:
@@ -107,6 +127,8 @@ def serve_warm(fork_per_call: bool) -> None:
 
 class WarmServers:
     """WORKERS warm servers; a call takes whichever is free."""
+
+    returns_figures = True
 
     def __init__(self, name: str, fork_per_call: bool) -> None:
         self.name, self.mode = name, "fork" if fork_per_call else "reuse"
@@ -131,7 +153,7 @@ class WarmServers:
             answer = await protocol.read_frame_async(proc.stdout)
         finally:
             self.free.put_nowait(proc)
-        if answer["status"] != "ok":
+        if answer["status"] != "ok" or answer["images"] != (code == FIGURE_RETURNED):
             raise RuntimeError(f"{self.name} failed: {answer['output'][-300:]}")
 
     async def close(self) -> None:
@@ -141,6 +163,8 @@ class WarmServers:
 
 
 class FreshProcess:
+    returns_figures = False
+
     def __init__(self, name: str, prefix: list[str]) -> None:
         self.name, self.prefix = name, prefix
 
@@ -214,6 +238,8 @@ async def measure(runner, sizes: dict) -> dict:
             "throughput": await throughput(runner, PRINT1, sizes["throughput"]),
             "numpy_cell": await sequential(runner, NUMPY_CELL, sizes["heavy"]),
             "sympy_cell": await sequential(runner, SYMPY_CELL, max(3, sizes["heavy"] // 3)),
+            "figure_cell": await sequential(runner, FIGURE_CELL, max(3, sizes["heavy"] // 3)),
+            **({"figure_returned": await sequential(runner, FIGURE_RETURNED, max(3, sizes["heavy"] // 3))} if runner.returns_figures else {}),
         }
     finally:
         await runner.close()
@@ -247,6 +273,7 @@ def report(results: dict, quick: bool) -> dict:
                 "calls_per_s_ratio": round(ours["throughput"]["calls_per_s"] / b["throughput"]["calls_per_s"], 2),
                 "numpy_cell_p50_speedup": round(b["numpy_cell"]["p50_ms"] / ours["numpy_cell"]["p50_ms"], 2),
                 "sympy_cell_p50_speedup": round(b["sympy_cell"]["p50_ms"] / ours["sympy_cell"]["p50_ms"], 2),
+                "figure_cell_p50_speedup": round(b["figure_cell"]["p50_ms"] / ours["figure_cell"]["p50_ms"], 2),
             }
     warm = results["warm_fork"]
     goals = [
@@ -259,6 +286,8 @@ def report(results: dict, quick: bool) -> dict:
         # A numpy/sympy cell pays no import cost: a tenth of what a fresh process pays, or less.
         goal("numpy_cell_p50_speedup_over_python_c", ratios["python_c"]["numpy_cell_p50_speedup"], ">=", 10, "x"),
         goal("sympy_cell_p50_speedup_over_python_c", ratios["python_c"]["sympy_cell_p50_speedup"], ">=", 10, "x"),
+        # A figure cell finds matplotlib loaded and warm: it costs a fifth of a fresh interpreter's, or less.
+        goal("figure_cell_p50_speedup_over_python_c", ratios["python_c"]["figure_cell_p50_speedup"], ">=", 5, "x"),
     ]
     return {
         "benchmark": "sandbox_bench",
@@ -266,7 +295,7 @@ def report(results: dict, quick: bool) -> dict:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "cpu": cpu_info().to_dict(),
-        "cells": {"print1": PRINT1, "numpy_cell": NUMPY_CELL, "sympy_cell": SYMPY_CELL},
+        "cells": {"print1": PRINT1, "numpy_cell": NUMPY_CELL, "sympy_cell": SYMPY_CELL, "figure_cell": FIGURE_CELL, "figure_returned": FIGURE_RETURNED},
         "results": results,
         "ratios": ratios,
         "goals": goals,
@@ -275,13 +304,14 @@ def report(results: dict, quick: bool) -> dict:
 
 def print_table(out: dict) -> None:
     header = (f"{'':14} {'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9} {'calls/s':>9} {'CPU ms/call':>12} {'faults/call':>12} "
-              f"{'numpy p50':>10} {'sympy p50':>10}")
+              f"{'numpy p50':>10} {'sympy p50':>10} {'figure p50':>11} {'returned':>9}")
     print(header)
     for name, r in out["results"].items():
         t = r["throughput"]
         print(f"{name:14} {r['print1']['p50_ms']:9.2f} {r['print1']['p95_ms']:9.2f} {r['print1']['p99_ms']:9.2f} "
               f"{t['calls_per_s']:9.1f} {t['cpu_ms_per_call']:12.2f} {t['minor_faults_per_call']:12.1f} "
-              f"{r['numpy_cell']['p50_ms']:10.2f} {r['sympy_cell']['p50_ms']:10.2f}")
+              f"{r['numpy_cell']['p50_ms']:10.2f} {r['sympy_cell']['p50_ms']:10.2f} {r['figure_cell']['p50_ms']:11.2f} "
+              + (f"{r['figure_returned']['p50_ms']:9.2f}" if "figure_returned" in r else f"{'-':>9}"))
     for base, ratio in out["ratios"].items():
         print(f"ours vs {base}: " + ", ".join(f"{k} {v}x" for k, v in ratio.items()))
 
