@@ -32,6 +32,26 @@ def print_goals(goals: list[dict]) -> None:
         print(f"goal {entry['name']}: {entry['value']} {entry['op']} {entry['target']} {entry['unit']}: {verdict}")
 
 
+def run_header(benchmark: str, began: float, load_before: tuple[float, ...], quick: bool) -> dict:
+    """What every benchmark JSON opens with: which run, on which machine and CPU, how loaded it was, how long."""
+    import os
+    import platform
+    import time
+    from datetime import datetime, timezone
+
+    from rstar.hardware import cpu_info
+
+    return {
+        "benchmark": benchmark,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
+        "cpu": cpu_info().to_dict(),
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "quick": quick,
+        "wall_s": time.perf_counter() - began,
+    }
+
+
 def write_report(path: Path, report: dict) -> None:
     """Write a benchmark's JSON (its figures and `goals`), then print the goals and where it went."""
     path = Path(path)

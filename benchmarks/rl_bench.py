@@ -50,10 +50,9 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
 
-from goals import goal, write_report
+from goals import goal, run_header, write_report
 
 HERE = Path(__file__).resolve().parent
 TRL_VERSION = "1.16.0"
@@ -460,20 +459,12 @@ def main() -> None:
     parser.add_argument("--trl-python", help=f"a Python that imports trl=={TRL_VERSION} (default: this one, else the benchmark's venv)")
     args = parser.parse_args()
 
-    from rstar.hardware import cpu_info
-
     began = time.perf_counter()
     load_before = os.getloadavg()
     result = asyncio.run(run(args, args.quick))
     summary = summarize(result)
     result = {
-        "benchmark": "rl_bench",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
-        "cpu": cpu_info().to_dict(),
-        "load_average": {"before": load_before, "after": os.getloadavg()},
-        "quick": args.quick,
-        "wall_s": time.perf_counter() - began,
+        **run_header("rl_bench", began, load_before, args.quick),
         "workload": {"model": MODEL, "prompt": PROMPT, "a_b_range": [1, 99], "problems": 512, "prompts_per_step": 8, "completions_per_prompt": 4,
                      "max_completion_tokens": 64, "temperature": 1.0, "learning_rate": 1e-6},
         **result,

@@ -22,14 +22,12 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import random
 import statistics
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-from goals import goal, write_report
+from goals import goal, run_header, write_report
 
 HERE = Path(__file__).resolve().parent
 MODEL = "smollm2-135m-instruct"
@@ -128,8 +126,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results" / "trainer_ranks_bench.json")
     args = parser.parse_args()
 
-    from rstar.hardware import cpu_info
-
     began = time.perf_counter()
     load_before = os.getloadavg()
     result = run(args.quick)
@@ -137,13 +133,7 @@ def main() -> None:
     memory_ratio = two["held_bytes_rank0"]["total"] / one["held_bytes"]["total"]
     step_ratio = statistics.median(two["step_s"]) / statistics.median(one["step_s"])
     report = {
-        "benchmark": "trainer_ranks_bench",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
-        "cpu": cpu_info().to_dict(),
-        "load_average": {"before": load_before, "after": os.getloadavg()},
-        "quick": args.quick,
-        "wall_s": time.perf_counter() - began,
+        **run_header("trainer_ranks_bench", began, load_before, args.quick),
         "model": MODEL,
         **result,
         "summary": {"memory_per_rank_2_vs_1": memory_ratio, "step_time_2_vs_1": step_ratio,
