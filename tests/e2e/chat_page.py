@@ -49,6 +49,14 @@ def wait_for_answer(page, before: str, timeout_s: float = 300) -> str:
     return answer_signal(page).split()[-1]
 
 
+def ask_and_wait(page, question: str) -> str:
+    """Send `question` with the Send button and wait for its whole answer; returns how it ended."""
+    before = answer_signal(page)
+    page.fill("#chat-input textarea", question)
+    page.click("#send")
+    return wait_for_answer(page, before)
+
+
 def error_shown(page) -> bool:
     """Whether Gradio's status label over the chat reads "Error" (a failed event)."""
     return page.locator("#chatbot .error").count() > 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.chat_page import answer_signal, messages_text, wait_for_answer
+from tests.e2e.chat_page import ask_and_wait, messages_text
 from tests.e2e.conftest import ARTIFACTS
 
 ANSWER = "<answer> The bakery still has \\boxed{\\frac{1024}{2}} loaves. </answer>"
@@ -35,10 +35,7 @@ def answered(new_page, stand_in):
     api, ui_url = stand_in
     api.answer = BAKERY
     page = new_page(ui_url)
-    before = answer_signal(page)
-    page.fill("#chat-input textarea", "How many loaves are left?")
-    page.click("#send")
-    assert wait_for_answer(page, before) == "done"
+    assert ask_and_wait(page, "How many loaves are left?") == "done"
     return page
 
 

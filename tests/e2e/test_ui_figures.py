@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import io
 
-from tests.e2e.chat_page import answer_signal, wait_for_answer
+from tests.e2e.chat_page import ask_and_wait
 
 
 def png_url(width: int, height: int, colour: str) -> str:
@@ -32,10 +32,7 @@ def test_both_figures_of_a_cell_are_shown_in_order(new_page, stand_in):
     api, ui_url = stand_in
     api.answer = FIGURES
     page = new_page(ui_url)
-    before = answer_signal(page)
-    page.fill("#chat-input textarea", "Plot two things.")
-    page.click("#send")
-    assert wait_for_answer(page, before) == "done"
+    assert ask_and_wait(page, "Plot two things.") == "done"
     images = page.locator('#chatbot img[alt^="figure"]')
     images.nth(1).wait_for(state="visible")
     shown = images.evaluate_all("(all) => all.map(img => [img.alt, img.naturalWidth, img.naturalHeight, img.getAttribute('src').length])")
