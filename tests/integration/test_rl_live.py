@@ -127,10 +127,10 @@ def test_a_reload_that_keeps_stale_weights_stops_the_run_naming_the_probe(engine
         async with LocalClient(SandboxSettings(uid_base=64600)) as sandbox:
             return await train_grpo(RolloutEnv(StaleReloads(engine), rstar_template(engine.tokenizer), sandbox), spec, problems, store)
 
-    # fp32 on both sides: the gap alone is far over its 1e-3 tolerance; a bf16 engine's noise hides it, and the
-    # check that the engine followed the update catches it.
-    stale = "kept stale weights" if engine.dtype != "float32" else "is not serving the trained weights"
-    with pytest.raises(WeightSyncFailed, match=f"weight-sync probe: after loading weight version .* {stale}"):
+    # Which check sees it depends on the dtypes and the step: with fp32 on both sides the gap is far over its 1e-3
+    # tolerance; with a bf16 engine a small step stays within the noise and the check that the engine followed the
+    # update catches it (tests/unit/test_weight_sync_probe.py shows that one alone), a larger one shows in the gap.
+    with pytest.raises(WeightSyncFailed, match="weight-sync probe: after loading weight version .* (kept stale weights|is not serving the trained weights)"):
         loop_thread.run(go(), timeout=900)
     run = store.get("stale")
     assert run["status"] == "failed" and "weight-sync probe" in run["error"], run
