@@ -135,16 +135,6 @@ def written_arithmetic(text: str) -> str:
     return re.sub(r"(?<=[\d)])\s*x\s*(?=[\d($])", " * ", text).replace("×", "*").replace("−", "-").replace("$", "").replace(",", "")
 
 
-def computes(expression: str, stated: str) -> bool:
-    """Whether an unannotated step's arithmetic parses and gives what it states (else it is prose, not a step)."""
-    try:
-        value = evaluate(ast.parse(LEADING_ZEROS.sub(r"\1", expression.strip()), mode="eval"), {})
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError):
-        return False
-    claimed = as_number(stated)
-    return claimed is not None and abs(value - claimed) <= rounding_of(stated)
-
-
 class _NameEarlierResults(ast.NodeTransformer):
     """Numbers that an earlier step produced, and that the question does not state, become that step's name."""
 
@@ -163,28 +153,39 @@ class _NameEarlierResults(ast.NodeTransformer):
         return node
 
 
+def calculation(index: int, expression: str, stated: str, steps: list[Step], question_numbers: set[Fraction]) -> tuple[str, Fraction]:
+    """One step's Python (earlier results by name) and its exact value; NotConvertible when it does not compute
+    or does not give the result it states."""
+    written = f"<<{expression}={stated}>>"
+    try:
+        tree = ast.parse(LEADING_ZEROS.sub(r"\1", expression.strip().replace("^", "**")), mode="eval")
+        tree = ast.fix_missing_locations(_NameEarlierResults(steps, question_numbers).visit(tree))
+        value = evaluate(tree, {step.name: step.value for step in steps})
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError) as exc:
+        raise NotConvertible(index, DOES_NOT_COMPUTE, f"{written}: {exc}") from None
+    claimed = as_number(stated)
+    if claimed is None or abs(value - claimed) > rounding_of(stated):
+        raise NotConvertible(index, WRONG_RESULT, f"{written} gives {float(value):g}")
+    return ast.unparse(tree), value
+
+
 def solution_program(index: int, question: str, solution: str, gold: str) -> SolutionProgram:
     """The program for one GSM8K row, or NotConvertible naming `index` and why."""
     question_numbers = {n for text in re.findall(r"\d[\d,]*(?:\.\d+)?", question) if (n := as_number(text)) is not None}
     steps: list[Step] = []
     for line in solution.split("\n"):
-        calculations = [(m.start(), m.end(), m.group(1), m.group(2)) for m in ANNOTATION.finditer(line)]
-        if not calculations:  # an unannotated step counts only when it reads as arithmetic
-            calculations = [(m.start(), m.end(), written_arithmetic(m.group(1)), m.group(2)) for m in WRITTEN_OUT.finditer(line)
-                            if re.search(r"\d\s*[-+*/×x−]\s*\$?\d", m.group(1))]
-            calculations = [c for c in calculations if computes(c[2], c[3])]
-        for start, end, expression, stated in calculations:
-            written = f"<<{expression}={stated}>>"
+        annotated = [(m.start(), m.end(), m.group(1), m.group(2)) for m in ANNOTATION.finditer(line)]
+        # Without an annotation, an equation written out counts only when it reads as arithmetic and computes.
+        written_out = [] if annotated else [(m.start(), m.end(), written_arithmetic(m.group(1)), m.group(2)) for m in WRITTEN_OUT.finditer(line)
+                                            if re.search(r"\d\s*[-+*/×x−]\s*\$?\d", m.group(1))]
+        for start, end, expression, stated in annotated or written_out:
             try:
-                tree = ast.parse(LEADING_ZEROS.sub(r"\1", expression.strip().replace("^", "**")), mode="eval")
-                tree = ast.fix_missing_locations(_NameEarlierResults(steps, question_numbers).visit(tree))
-                value = evaluate(tree, {step.name: step.value for step in steps})
-            except (SyntaxError, ValueError, ZeroDivisionError, OverflowError) as exc:
-                raise NotConvertible(index, DOES_NOT_COMPUTE, f"{written}: {exc}") from None
-            claimed = as_number(stated)
-            if claimed is None or abs(value - claimed) > rounding_of(stated):
-                raise NotConvertible(index, WRONG_RESULT, f"{written} gives {float(value):g}")
-            steps.append(Step(step_name(line, start, end, {step.name for step in steps}), ast.unparse(tree), value))
+                code, value = calculation(index, expression, stated, steps, question_numbers)
+            except NotConvertible:
+                if annotated:
+                    raise
+                continue  # prose that looked like an equation
+            steps.append(Step(step_name(line, start, end, {step.name for step in steps}), code, value))
     if not steps:
         raise NotConvertible(index, NO_CALCULATION)
     answer = as_number(gold)
