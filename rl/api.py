@@ -150,7 +150,7 @@ class RlRuns:
                 await asyncio.to_thread(store.begin, run_id, "grpo", str(spec.model_dir), recipe.model_dump(), str(data), str(spec.run_dir), recipe.total_steps)
             except RunConflict as exc:
                 raise APIError(409, str(exc), "run_id", "run_in_progress") from None
-            self.task = asyncio.create_task(_execute(env, spec, problems, store), name=run_id)
+            self.task = asyncio.create_task(_execute(env, spec, problems, store, lengths), name=run_id)
         return run_id
 
     async def stop(self) -> None:
@@ -200,9 +200,9 @@ def cancel_run(run_id: str, store: RunStore = runs) -> dict:
     return _known(store.request_cancel, run_id)
 
 
-async def _execute(env: RolloutEnv, spec: RunSpec, problems, store: RunStore) -> None:
+async def _execute(env: RolloutEnv, spec: RunSpec, problems, store: RunStore, lengths: list[int]) -> None:
     try:
-        status = await train_grpo(env, spec, problems, store)
+        status = await train_grpo(env, spec, problems, store, prompt_tokens=lengths)
         log.info("rl run %s %s", spec.run_id, status)
     except asyncio.CancelledError:
         raise

@@ -230,7 +230,7 @@ async def _train_in_process(settings: Settings, recipe, problems, data: str, run
             console.print(f"grpo run [bold]{run_id}[/bold]: recipe {recipe.name}, {len(problems)} problems, {recipe.total_steps} steps; run dir {spec.run_dir}", highlight=False)
             with _progress() as bars:
                 task = bars.add_task("grpo", total=recipe.total_steps, summary="")
-                return await train_grpo(env, spec, problems, _store(settings), lambda step, total, m: bars.update(task, completed=step, summary=_summary(m)))
+                return await train_grpo(env, spec, problems, _store(settings), lambda step, total, m: bars.update(task, completed=step, summary=_summary(m)), lengths)
     finally:
         await engine.shutdown()
 

@@ -108,12 +108,14 @@ def probe_tolerance(config: GRPOConfig, trainer_dtype: str, engine_dtype: str) -
     return 1e-3 if trainer_dtype == engine_dtype == "float32" else 0.15
 
 
-async def train_grpo(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store: RunStore, progress: Progress = lambda step, total, metrics: None) -> str:
-    """Run (or resume) a recipe to its end; returns the final status: finished or cancelled."""
+async def train_grpo(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store: RunStore, progress: Progress = lambda step, total, metrics: None,
+                     prompt_tokens: list[int] | None = None) -> str:
+    """Run (or resume) a recipe to its end; returns the final status: finished or cancelled. `prompt_tokens`:
+    each problem's `prompt_lengths`, when the caller counted them already (to size or check the window)."""
     recipe = spec.recipe
     first = recipe.stage_config(0)
     # Thousands of renders: off the event loop, which may be serving the API.
-    lengths = await asyncio.to_thread(prompt_lengths, env.template, problems)
+    lengths = prompt_tokens if prompt_tokens is not None else await asyncio.to_thread(prompt_lengths, env.template, problems)
     check_window(recipe, lengths, env.engine.max_model_len, "the engine's context window")
     problems = [p for p, n in zip(problems, lengths) if n <= first.max_prompt_tokens]  # the release filters overlong prompts
     if not problems:

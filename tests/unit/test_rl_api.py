@@ -31,7 +31,7 @@ def rl_server(tmp_path, default_tokenizer, monkeypatch):
 
     started = []
 
-    async def trainer(env, spec, problems, store):
+    async def trainer(env, spec, problems, store, prompt_tokens=None):
         started.append((env, spec))
         await asyncio.Event().wait()
 
