@@ -116,14 +116,10 @@ def serve(
     ] = None,
 ) -> None:
     """Start the OpenAI-compatible API on one engine (or --replicas N behind a router), with the web UI at /ui (pulls the embedded default model if needed)."""
-    import uvicorn
-
-    from rstar.app import build_app
     from rstar.server.auth import serve_refusal
-    from rstar.server.engine import require_vllm
+    from rstar.server.engine import check_vllm_installed
     from rstar.server.model_store import resolve_model
-    from rstar.server.ray_replicas import require_ray, start_engine, wants_replicas
-    from rstar.ui.app import UI_PATH
+    from rstar.server.ray_replicas import require_ray, wants_replicas
 
     given = {"max_model_len": max_model_len, "replicas": replicas, "ray_address": ray_address, "routing": routing}
     engine_overrides = {key: value for key, value in given.items() if value is not None} or None
@@ -145,14 +141,22 @@ def serve(
         raise typer.Exit(2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     replicated = wants_replicas(settings.engine)
+    # What a user can get wrong is checked before the API, the UI and the engine are imported (half a minute
+    # on a small CPU), so a busy port or an unknown model is said at once.
     with _one_line_errors():
-        require_vllm()
+        check_vllm_installed()
         if replicated:
             require_ray()
         sock = _bind(settings.host, settings.port)
         with console.status(f"resolving model {settings.model}"):
             resolved = resolve_model(settings.model, settings.models_dir, progress=_progress_printer())
     name = settings.served_model_name or resolved.name
+
+    import uvicorn
+
+    from rstar.app import build_app
+    from rstar.server.ray_replicas import start_engine
+    from rstar.ui.app import UI_PATH
 
     async def start_engines():
         return await start_engine(resolved.path, settings.engine, served_model_name=name, cache_dir=settings.cache_dir)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import logging
 import os
 import uuid
@@ -110,14 +111,27 @@ class TokenEngine(Protocol):
     async def shutdown(self) -> None: ...
 
 
+def _not_installed(reason: str) -> EngineNotInstalled:
+    return EngineNotInstalled(f"vLLM is not installed ({reason}). Install an engine: `bash install.sh cpu` (CPU) or `bash install.sh gpu` (CUDA).")
+
+
+def check_vllm_installed() -> None:
+    """That vLLM is there to import, without importing it (tens of seconds on a small CPU): commands check this
+    first, so a missing engine is said at once; `require_vllm` imports it when the engine starts."""
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except ValueError:  # sys.modules["vllm"] is None: marked unimportable
+        found = False
+    if not found:
+        raise _not_installed("no module named 'vllm'")
+
+
 def require_vllm():
     try:
         import vllm  # noqa: F401
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError as exc:
-        raise EngineNotInstalled(
-            f"vLLM is not installed ({exc}). Install an engine: `bash install.sh cpu` (CPU) or `bash install.sh gpu` (CUDA)."
-        ) from exc
+        raise _not_installed(str(exc)) from exc
     return AsyncLLM
 
 
