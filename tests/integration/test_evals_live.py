@@ -1,5 +1,5 @@
 """The eval harness end to end on the real default model: every benchmark over the live API (`rstar eval run
---limit 2`), the in-process path (engine + real sandbox), resume after `kill -9`, and lm-eval driving our
+--limit 1`), the in-process path (engine + real sandbox), resume after `kill -9`, and lm-eval driving our
 server as its `local-chat-completions` model. Scores of a 135M model are near zero; these tests check the
 pipeline and the stored records. Workloads are sized in tokens (MAX_TOKENS per answer; the in-process run keeps
 64 so its math answers get past a first complete call) so the file stays short on the slowest CPU while every
@@ -51,7 +51,7 @@ def sample_rows(db: Path, run_id: str) -> list[tuple]:
 def test_every_benchmark_runs_end_to_end_over_the_api(live_server, tmp_path):
     db = tmp_path / "evals.db"
     env = {"RSTAR_DATA_DIR": str(tmp_path / "data"), "COLUMNS": "200"}
-    common = ["--endpoint", f"{live_server.base_url}/v1", "--limit", "2", "--data-dir", str(shared_data_dir()), "--database-url", f"sqlite:///{db}"]
+    common = ["--endpoint", f"{live_server.base_url}/v1", "--limit", "1", "--data-dir", str(shared_data_dir()), "--database-url", f"sqlite:///{db}"]
     # A budget the server's window cannot hold is refused before anything is stored, naming both numbers.
     too_long = CliRunner(env=env).invoke(eval_app, ["run", "--suite", "aime24", "--max-tokens", "8192", "--run-id", "too-long", *common])
     assert too_long.exit_code == 2 and "does not fit the server's context window of 8192 tokens: aime24 (max_tokens 8192 + longest prompt" in too_long.output
@@ -65,8 +65,8 @@ def test_every_benchmark_runs_end_to_end_over_the_api(live_server, tmp_path):
     keys = Counter((benchmark, doc_id, index) for benchmark, doc_id, index, *_ in rows)
     assert set(keys.values()) == {1}
     per_benchmark = Counter(benchmark for benchmark, *_ in keys)
-    # --limit 2 takes two docs of each of BFCL's 17 categories
-    assert per_benchmark == {"aime24": 2, "aime25": 2, "hmmt_feb_2025": 2, "gpqa_diamond": 2, "ifeval": 2, "bfcl_v3": 34, "gsm8k": 2}
+    # --limit 1 takes one doc of each of BFCL's 17 categories
+    assert per_benchmark == {"aime24": 1, "aime25": 1, "hmmt_feb_2025": 1, "gpqa_diamond": 1, "ifeval": 1, "bfcl_v3": 17, "gsm8k": 1}
     refusals = Counter()
     for benchmark, doc_id, index, score, request, response, trajectory, tokens, turns in rows:
         request, response, trajectory = json.loads(request), json.loads(response), json.loads(trajectory)

@@ -67,13 +67,17 @@ def test_second_pull_is_a_cached_no_op(pulled):
 
 
 def test_corrupted_cache_is_detected_and_pulled_again(pulled):
+    """A damaged file in the tuned default is found by its sha256 and the entry rebuilt from the intact base,
+    which is neither downloaded nor rebuilt (the first pull showed the download)."""
     cache_dir, _ = pulled
-    model_dir = cache_dir / "models" / SMOLLM2_135M.name
+    base_weights = cache_dir / "models" / SMOLLM2_135M.name / "model.safetensors"
+    before = base_weights.stat().st_mtime_ns
+    model_dir = cache_dir / "models" / SMOLLM2_135M_TOOL.name
     with open(model_dir / "tokenizer.json", "r+b") as handle:
         handle.seek(1000)
         handle.write(b"#")
     result = _pull(cache_dir)
     assert result.returncode == 0, result.stderr
     assert "tokenizer.json does not match its recorded sha256" in result.stderr
-    assert "downloading" in result.stderr
-    assert cache_problems(model_dir) == []
+    assert "merging the tool-use delta" in result.stderr and "downloading" not in result.stderr
+    assert cache_problems(model_dir) == [] and base_weights.stat().st_mtime_ns == before
