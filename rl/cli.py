@@ -3,6 +3,7 @@
     rstar rl make-sft-data --out DIR                  # tool-use conversations, held-out and RL problems
     rstar rl sft DIR/sft_train.jsonl --run-id sft-1    # LoRA SFT; RUN_DIR/final is a servable model
     rstar rl train cpu --data DIR/rl_train.jsonl --run-id grpo-1   # a recipe: shipped name or TOML path
+    rstar rl plan --model rstar2-agent-14b --trainer-ranks 8   # what each rank holds, and whether it fits
     rstar rl list | status RUN | stop RUN
 
 The same command with the same --run-id after a crash or kill resumes from the last checkpoint. Runs
@@ -233,6 +234,86 @@ async def _train_in_process(settings: Settings, recipe, problems, data: str, run
                 return await train_grpo(env, spec, problems, _store(settings), lambda step, total, m: bars.update(task, completed=step, summary=_summary(m)), lengths)
     finally:
         await engine.shutdown()
+
+
+@app.command("plan")
+def plan_command(
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="A model directory, an embedded name, a built-in shape (qwen2.5-1.5b, qwen2.5-7b, rstar2-agent-14b) or a hub id. [env: RSTAR_MODEL]")] = None,
+    trainer_ranks: Annotated[int, typer.Option(min=1, help="Trainer ranks the policy is sharded across (FSDP2).")] = 1,
+    lora_rank: Annotated[int, typer.Option(min=0, help="LoRA rank to plan for; 0: full fine-tune.")] = 0,
+    recipe: Annotated[str, typer.Option(help="Recipe whose lengths size the activations: a shipped name or a TOML file.")] = "paper",
+    device_memory_gb: Annotated[Optional[float], typer.Option(min=0.001, help="Plan for devices of this much memory, one per rank, instead of the ones found here.")] = None,
+) -> None:
+    """What each trainer rank would hold (weights, gradients, AdamW, activations) and whether it fits the devices."""
+    from rstar.rl.grpo.recipe import RecipeError, load_recipe
+    from rstar.rl.plan import GB, Devices, devices_here, plan_rank, problem, recipe_lengths, shape_from_config
+    from rstar.rl.policy import resolve_compute_dtype
+
+    settings = load_settings(model=model)
+    try:
+        loaded = load_recipe(recipe)
+        config, source = _model_config(settings.model, settings.models_dir)
+        shape = shape_from_config(config)
+    except (RecipeError, ValueError, KeyError) as exc:
+        raise _fail(f"--model {settings.model}: {exc}" if isinstance(exc, KeyError) else str(exc)) from None
+    devices = Devices("named", trainer_ranks, int(device_memory_gb * GB), False) if device_memory_gb else devices_here()
+    stages = [loaded.stage_config(i) for i in range(len(loaded.stages))]
+    # Activations in the dtype the trainer would compute in there: bf16 on GPUs, this CPU's fastest here.
+    dtype = "bfloat16" if devices.kind != "cpu" else resolve_compute_dtype(stages[0].compute_dtype)[0]
+    lengths = recipe_lengths(shape, stages, 2 if dtype == "bfloat16" else 4)
+    plan = plan_rank(shape, trainer_ranks, lengths, lora_rank)
+
+    kind = f"LoRA rank {lora_rank}" if lora_rank else "full fine-tune"
+    typer.echo(f"{settings.model} ({source}): {plan.parameters:,} parameters, {plan.trainable:,} trained ({kind}), on {trainer_ranks} rank{'s' if trainer_ranks > 1 else ''}")
+    typer.echo(f"recipe {loaded.name}: rows of {lengths.row_tokens:,} tokens (prompt {lengths.prompt_tokens:,} + response {lengths.response_tokens:,}, token_budget "
+               f"{lengths.token_budget:,}), gradient checkpointing {'on' if lengths.gradient_checkpointing else 'off'}, activations in {dtype}")
+    per = f"/ {trainer_ranks}" if trainer_ranks > 1 else ""
+    table = Table(title="each rank holds")
+    for column in ("what", "GB", "how"):
+        table.add_column(column, overflow="fold")
+    weight_how = f"({plan.parameters:,} frozen + {plan.trainable:,}) x 4 B" if lora_rank else f"{plan.parameters:,} x 4 B (fp32 master weights)"
+    rows = [
+        ("weights", plan.weights, f"{weight_how} {per}"),
+        ("gradients", plan.gradients, f"{plan.trainable:,} x 4 B (fp32) {per}"),
+        ("AdamW states", plan.optimizer, f"{plan.trainable:,} x 8 B (two fp32 moments) {per}"),
+        ("gathered while computing", plan.gathered, "root + 2 layers at full size, with their gradients" if trainer_ranks > 1 else "none: one rank holds everything already"),
+        ("activations", plan.activations, f"one row of {lengths.row_tokens:,} tokens (rl/plan.py: activation_bytes)"),
+        ("total", plan.total, "per rank"),
+    ]
+    for what, size, how in rows:
+        table.add_row(what, f"{size / GB:.2f}", how)
+    Console().print(table)
+    if plan.host_extra:
+        typer.echo(f"rank 0 also gathers the full weights into host memory for each weight sync: {plan.host_extra / GB:.2f} GB")
+    if lora_rank:
+        typer.echo("note: LoRA RL is not built yet (rstar rl sft trains LoRA; GRPO trains full weights): this is what it would hold")
+    why_not = problem(shape, trainer_ranks, lengths, lora_rank, devices)
+    if why_not is not None:
+        raise _fail(why_not)
+    found = {"cuda": "GPUs found", "cpu": "CPU cores found, sharing their RAM", "named": "devices named"}[devices.kind]
+    typer.echo(f"fits: {devices.count} x {devices.memory / GB:.1f} GB ({found}); the rollout engine's memory is not counted")
+
+
+def _model_config(spec: str, models_dir: Path) -> tuple[dict, str]:
+    """config.json of a model on disk (or in the hub cache), else a built-in shape; where it came from."""
+    from rstar.rl.plan import KNOWN_CONFIGS
+    from rstar.server.model_store import ModelNotFound, resolve_model
+
+    local = Path(spec).expanduser() / "config.json"
+    if local.is_file():
+        return json.loads(local.read_text()), str(local)
+    if spec.lower() in KNOWN_CONFIGS:
+        return KNOWN_CONFIGS[spec.lower()], "built-in shape"
+    try:
+        resolved = resolve_model(spec, models_dir, pull=False)
+    except ModelNotFound as exc:
+        raise ValueError(f"{exc}; built-in shapes: {', '.join(sorted(KNOWN_CONFIGS))}") from None
+    if resolved.source == "huggingface":
+        from huggingface_hub import hf_hub_download
+
+        return json.loads(Path(hf_hub_download(spec, "config.json")).read_text()), f"hub {spec}"
+    path = Path(resolved.path) / "config.json"
+    return json.loads(path.read_text()), str(path)
 
 
 @app.command("recipes")
