@@ -2,7 +2,7 @@
 
 A checkpoint is a directory `checkpoint-N` (N = steps finished) holding a complete model the engine and
 `rstar serve --model` load (weights, config, tokenizer and chat template), plus `optimizer.pt` and
-`trainer_state.json`. It is written under a temporary name, flushed to disk (files, then directories) and
+`trainer_state.json` (a GRPO run writes its training state sharded instead: `grpo/sharded_checkpoint.py`). It is written under a temporary name, flushed to disk (files, then directories) and
 renamed in one step; `latest` (a text file, itself replaced atomically and flushed) names the newest, and
 moves only once the checkpoint it names is on disk. A checkpoint being replaced (a step redone after a resume)
 is moved aside first and removed only after, so a power loss at any point leaves a usable checkpoint. A write
@@ -48,15 +48,19 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / f"checkpoint-{step}"
 
 
-def write_checkpoint(run_dir: Path, state: TrainerState, write_model: Callable[[Path], None], optimizer_state: dict) -> Path:
-    """Write checkpoint-{state.step} atomically; `write_model(dir)` puts the model files in place."""
+def write_checkpoint(run_dir: Path, state: TrainerState, write_model: Callable[[Path], None], optimizer_state: dict | Callable[[Path], None]) -> Path:
+    """Write checkpoint-{state.step} atomically; `write_model(dir)` puts the model files in place. `optimizer_state`
+    is saved as `optimizer.pt`, or, a callable, writes the training state itself (GRPO's sharded one)."""
     target = checkpoint_dir(run_dir, state.step)
     tag = uuid.uuid4().hex[:8]
     partial, aside = run_dir / f".{target.name}.partial-{tag}", run_dir / f".{target.name}.replaced-{tag}"
     try:
         partial.mkdir(parents=True)
         write_model(partial)
-        torch.save(optimizer_state, partial / OPTIMIZER_FILE)
+        if callable(optimizer_state):
+            optimizer_state(partial)
+        else:
+            torch.save(optimizer_state, partial / OPTIMIZER_FILE)
         (partial / STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
         _fsync_tree(partial)
         if target.exists():  # a step redone after a resume: the new one replaces it

@@ -21,9 +21,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rstar.rl.checkpoint import CheckpointError
 from rstar.rl.grpo.balance import balance_groups
 from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.distributed import World, check_world_size, free_port, join, leave, shard, threads_per_rank
+from rstar.rl.grpo.sharded_checkpoint import has_sharded_state, load_sharded_state, save_sharded_state
 from rstar.rl.grpo.trainer import GRPOTrainer
 from rstar.rl.packing import Tree
 from rstar.rl.policy import Policy, device_type
@@ -79,13 +81,18 @@ class TrainerRanks:
         self._tell("reset", config)
         self.trainer.reset_optimizer(config)
 
-    def optimizer_state(self) -> dict:
-        """AdamW's state gathered whole into rank 0, keyed by parameter name (torch.distributed.checkpoint's full form)."""
-        self._tell("optimizer")
-        return {"optimizer": full_optimizer_state(self.trainer), "scheduler": self.trainer.scheduler.state_dict(), "sharded_ranks": self.size}
+    def save_training_state(self, directory: Path) -> None:
+        """Every rank writes its own shards into `directory` (torch.distributed.checkpoint)."""
+        self._tell("save", str(directory))
+        save_sharded_state(self.trainer, directory)
 
-    def load_optimizer_state(self, state: dict) -> None:
-        raise ValueError(f"resuming on {self.size} sharded ranks is not built yet; resume with --trainer-ranks 1")
+    def load_training_state(self, checkpoint: Path) -> None:
+        """Every rank reads its shards from a checkpoint written on any number of ranks."""
+        if not has_sharded_state(checkpoint):
+            raise CheckpointError(f"{checkpoint.name} was written before sharded checkpoints (AdamW gathered whole in optimizer.pt) and resumes only on "
+                                  f"one rank: run the same command with --trainer-ranks 1; its next checkpoint resumes on any number of ranks")
+        self._tell("load", str(checkpoint))
+        load_sharded_state(self.trainer, checkpoint)
 
     def close(self) -> None:
         try:
@@ -136,13 +143,6 @@ class LeaderPolicy:
         self.inner.save_pretrained(out_dir)
 
 
-def full_optimizer_state(trainer: GRPOTrainer) -> dict:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_optimizer_state_dict(trainer.policy.causal_lm, trainer.optimizer, options=options)
-
-
 def _follow(index: int, size: int, port: int, model_dir: str, compute_dtype: str, config: GRPOConfig, threads: int) -> None:
     """Ranks 1..N-1: do what rank 0 says until it says stop."""
     torch.set_num_threads(threads)
@@ -163,8 +163,10 @@ def _follow(index: int, size: int, port: int, model_dir: str, compute_dtype: str
                     pass  # this rank's part of the gather; the full tensors land on rank 0
             elif command == "logprobs":
                 trainer.policy.no_grad_logprobs(*args)
-            elif command == "optimizer":
-                full_optimizer_state(trainer)
+            elif command == "save":
+                save_sharded_state(trainer, Path(args[0]))
+            elif command == "load":
+                load_sharded_state(trainer, Path(args[0]))
             elif command == "reset":
                 trainer.reset_optimizer(args[0])
             elif command == "stop":

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from rstar.rl.checkpoint import TrainerState, latest_checkpoint, prune_checkpoints, read_optimizer_state, read_state, write_checkpoint
+from rstar.rl.checkpoint import TrainerState, latest_checkpoint, prune_checkpoints, read_state, write_checkpoint
 from rstar.rl.data import Problem
 from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.downsample import Selection, downsample
@@ -133,9 +133,6 @@ async def _train(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store:
     dtype, _ = resolve_compute_dtype(config.compute_dtype)
     checkpoint = latest_checkpoint(spec.run_dir)
     if config.trainer_ranks > 1:
-        if checkpoint is not None:
-            raise ValueError(f"run {spec.run_id}: resuming on {config.trainer_ranks} sharded trainer ranks is not built yet; "
-                             f"the same command with --trainer-ranks 1 resumes it from {checkpoint.name} on one rank")
         trainer = TrainerRanks(spec.model_dir, dtype, config, config.trainer_ranks)
     else:
         trainer = GRPOTrainer(Policy(spec.model_dir, dtype, gradient_checkpointing=config.gradient_checkpointing), config)
@@ -148,8 +145,7 @@ async def _train(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store:
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     if checkpoint is not None:
         state = read_state(checkpoint, identity)
-        policy.load_weights(checkpoint)
-        trainer.load_optimizer_state(read_optimizer_state(checkpoint))
+        trainer.load_training_state(checkpoint)  # written on any number of ranks
         rng.setstate(_tuple_state(state.rng["roc"]))
         torch.set_rng_state(torch.tensor(state.rng["torch"], dtype=torch.uint8))
         by_id = {p.id: p for p in problems}
@@ -294,7 +290,7 @@ def rollout_metrics(groups: list[list[Sample]], selection: Selection, kept_group
 def save(spec: RunSpec, store: RunStore, policy: Policy, trainer: GRPOTrainer, state: TrainerState, rng: random.Random, stage_problems: list[Problem], keep: int) -> None:
     state.rng = {"roc": rng.getstate(), "torch": torch.get_rng_state().tolist()}
     state.extra["stage_problems"] = [p.id for p in stage_problems]
-    path = write_checkpoint(spec.run_dir, state, policy.save_pretrained, trainer.optimizer_state())
+    path = write_checkpoint(spec.run_dir, state, policy.save_pretrained, trainer.save_training_state)
     removed = prune_checkpoints(spec.run_dir, keep)
     store.record_checkpoint(spec.run_id, state.step, str(path), [str(p) for p in removed])
 

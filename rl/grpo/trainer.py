@@ -12,12 +12,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
+from rstar.rl.checkpoint import read_optimizer_state
 from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.distributed import World, clip_grad_norm
 from rstar.rl.grpo.loss import group_advantages, policy_loss, token_mean, truncated_is_weights
+from rstar.rl.grpo.sharded_checkpoint import has_sharded_state, load_sharded_state, save_sharded_state
 from rstar.rl.grpo.samples import Sample
 from rstar.rl.packing import Branch, ForwardBatch, Tree, pack
 from rstar.rl.policy import Policy
@@ -76,11 +79,20 @@ class GRPOTrainer:
         """Fresh AdamW moments and warm-up (the paper's stage 3)."""
         self.optimizer, self.scheduler = make_optimizer(self.policy.trainable_parameters(), config)
 
-    def optimizer_state(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+    def save_training_state(self, directory: Path) -> None:
+        save_sharded_state(self, directory)
+
+    def load_training_state(self, checkpoint: Path) -> None:
+        """Weights, AdamW and the schedule from a checkpoint: sharded (written on any number of ranks) or, written
+        before sharded checkpoints, `model.safetensors` and `optimizer.pt`."""
+        if has_sharded_state(checkpoint):
+            load_sharded_state(self, checkpoint)
+            return
+        self.policy.load_weights(checkpoint)
+        self.load_optimizer_state(read_optimizer_state(checkpoint))
 
     def load_optimizer_state(self, state: dict) -> None:
-        if "sharded_ranks" in state:  # written by sharded ranks (`TrainerRanks.optimizer_state`): whole, keyed by parameter name
+        if "sharded_ranks" in state:  # written by sharded ranks before sharded checkpoints: whole, keyed by parameter name
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
             set_optimizer_state_dict(self.policy.causal_lm, self.optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))

@@ -1,5 +1,6 @@
-"""Sharded trainer ranks (FSDP2 on gloo, real processes): two ranks compute the update one rank computes, and
-the step's groups are spread over the ranks whole and balanced by tokens."""
+"""Sharded trainer ranks (FSDP2 on gloo, real processes): two ranks compute the update one rank computes, the
+step's groups are spread over the ranks whole and balanced by tokens, and a checkpoint written on either number
+of ranks resumes on either."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from rstar.hardware import usable_cores
 from rstar.rl.grpo.balance import balance_groups
+from rstar.rl.checkpoint import OPTIMIZER_FILE, CheckpointError, TrainerState, write_checkpoint
 from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.distributed import check_world_size
 from rstar.rl.grpo.ranks import split_trees, tree_tokens
@@ -100,18 +102,9 @@ def test_two_ranks_update_the_weights_one_rank_does(tiny_model_dir):
         two_weights = [ranks.full_state_dict()]
         two.append(ranks.update(second, config))
         two_weights.append(ranks.full_state_dict())
-        # What the weight sync's probe and a checkpoint read on rank 0, the other rank taking its part.
+        # What the weight sync's probe reads on rank 0, the other rank taking its part.
         probe_two = ranks.policy.no_grad_logprobs(probe)
-        checkpointed = ranks.optimizer_state()
     assert torch.allclose(probe_two, single.policy.no_grad_logprobs(probe), atol=1e-5)
-    # The checkpoint's AdamW state, gathered whole, resumes on one rank with the moments one rank built.
-    resumed = GRPOTrainer(Policy(tiny_model_dir, "float32"), config)
-    resumed.load_optimizer_state(checkpointed)
-    for name, parameter in resumed.policy.model.named_parameters():
-        mine, theirs = resumed.optimizer.state[parameter], single.optimizer.state[dict(single.policy.model.named_parameters())[name]]
-        assert int(mine["step"]) == int(theirs["step"]) == 2
-        assert (mine["exp_avg_sq"] - theirs["exp_avg_sq"]).abs().max().item() <= 1e-8
-        assert (mine["exp_avg"] - theirs["exp_avg"]).abs().max().item() <= 1e-5
 
     assert one[0]["grad_norm"] > 10 * config.grad_clip  # the clip binds
     assert max((one_weights[0][n] - start[n]).abs().max().item() for n in start) > 1e-4  # the update is far above the tolerance
@@ -122,3 +115,64 @@ def test_two_ranks_update_the_weights_one_rank_does(tiny_model_dir):
         assert sorted(wb) == sorted(wa)
         worst = max((wa[n] - wb[n]).abs().max().item() for n in wa)
         assert worst <= 1e-5, f"two ranks' weights differ from one rank's by {worst}"
+
+
+def weights(trainer_or_ranks) -> dict[str, torch.Tensor]:
+    return {name: tensor.clone() for name, tensor in trainer_or_ranks.policy.merged_state_dict()}
+
+
+def worst(a: dict, b: dict) -> float:
+    assert sorted(a) == sorted(b)
+    return max((a[n] - b[n]).abs().max().item() for n in a)
+
+
+def test_sharded_checkpoints_resume_on_two_ranks_and_on_one(tiny_model_dir, tmp_path):
+    """A checkpoint after one update, written by two ranks (each its own shards) or by one, then the second update
+    after resuming: on two ranks, on one, and a one-rank checkpoint on two. Each must end where two updates without
+    a checkpoint end (weights within 1e-5), which needs the weights, AdamW's moments and the warm-up schedule back.
+    A checkpoint from before sharded checkpoints is refused on two ranks, naming the way out."""
+    try:
+        check_world_size(2)
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    from rstar.rl.grpo.ranks import TrainerRanks
+
+    rng = random.Random(3)
+    first = [group(rng, 10, [5, 9], [1.0, -1.0]), group(rng, 7, [20, 3], [0.5, -0.5]), group(rng, 12, [2, 2], [-1.0, 1.0])]
+    second = [group(rng, 9, [30, 6], [-1.0, 1.0]), group(rng, 4, [8, 8], [1.0, -1.0])]
+    config = GRPOConfig(learning_rate=1e-3, warmup_steps=3, compute_dtype="float32")
+    state = TrainerState(step=1, data_cursor=0, model_identity={})
+
+    single = GRPOTrainer(Policy(tiny_model_dir, "float32"), config)
+    single.update(first, config)
+    one_rank_checkpoint = write_checkpoint(tmp_path / "one", state, single.policy.save_pretrained, single.save_training_state)
+    single.update(second, config)
+    expected = weights(single)
+
+    old = tmp_path / "old" / "checkpoint-1"
+    old.mkdir(parents=True)
+    (old / OPTIMIZER_FILE).write_bytes(b"")
+    with TrainerRanks(tiny_model_dir, "float32", config, size=2) as ranks:
+        ranks.update(first, config)
+        two_rank_checkpoint = write_checkpoint(tmp_path / "two", state, ranks.policy.save_pretrained, ranks.save_training_state)
+        with pytest.raises(CheckpointError, match=r"checkpoint-1 was written before sharded checkpoints .* --trainer-ranks 1"):
+            ranks.load_training_state(old)
+    assert sorted(p.name for p in (two_rank_checkpoint / "distributed").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]  # a file per rank
+
+    with TrainerRanks(tiny_model_dir, "float32", config, size=2) as ranks:
+        ranks.load_training_state(two_rank_checkpoint)
+        ranks.update(second, config)
+        assert worst(weights(ranks), expected) <= 1e-5, "two ranks resumed from two"
+        ranks.load_training_state(one_rank_checkpoint)
+        ranks.update(second, config)
+        assert worst(weights(ranks), expected) <= 1e-5, "two ranks resumed from one"
+
+    resumed = GRPOTrainer(Policy(tiny_model_dir, "float32"), config)
+    resumed.load_training_state(two_rank_checkpoint)
+    assert resumed.scheduler.last_epoch == 1
+    mine, theirs = dict(resumed.policy.model.named_parameters()), dict(single.policy.model.named_parameters())
+    assert int(resumed.optimizer.state[mine["model.norm.weight"]]["step"]) == 1
+    resumed.update(second, config)
+    assert worst(weights(resumed), expected) <= 1e-5, "one rank resumed from two"
+    for name, parameter in mine.items():  # and the moments two updates built
+        assert (resumed.optimizer.state[parameter]["exp_avg"] - single.optimizer.state[theirs[name]]["exp_avg"]).abs().max().item() <= 1e-5
