@@ -144,8 +144,13 @@ async def _train(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store:
 
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     if checkpoint is not None:
-        state = read_state(checkpoint, identity)
-        trainer.load_training_state(checkpoint)  # written on any number of ranks
+        try:
+            state = read_state(checkpoint, identity)
+            trainer.load_training_state(checkpoint)  # written on any number of ranks
+        except BaseException:
+            if isinstance(trainer, TrainerRanks):  # a refused checkpoint must not leave the other ranks waiting
+                trainer.close()
+            raise
         rng.setstate(_tuple_state(state.rng["roc"]))
         torch.set_rng_state(torch.tensor(state.rng["torch"], dtype=torch.uint8))
         by_id = {p.id: p for p in problems}
