@@ -10,17 +10,18 @@ Measured, in one run:
                   ours:  rstar serve --port P --max-model-len N (no engine flags: the defaults it picks here)
   throughput    /v1/chat/completions, streaming, temperature 0, the same prompts to vLLM, to ours with the tool
                 prompt on (our default) and to ours with `builtin_tools: false`, at concurrency 1, 8 and 32,
-                64-token answers, rounds alternating, median of rounds: completion tokens/s and time to first
-                content token. Beside them, in the same alternating rounds, `engine_alone`: our engine with the
-                defaults `rstar serve` picks, driven in this process on the same templated prompts with no HTTP,
-                no agent loop: what any server on this engine and machine could reach at most (not a goal).
+                64-token answers, rounds alternating, median of rounds: completion tokens/s, time to first
+                content token and inter-token latency (between content chunks) p50/p95. Beside them, in the
+                same alternating rounds, `engine_alone`: our engine with the defaults `rstar serve` picks,
+                driven in this process on the same templated prompts with no HTTP, no agent loop: what any
+                server on this engine and machine could reach at most (not a goal).
   loop          the agent loop's own time per tool turn, model and code time excluded: run_trajectory
                 on an instant scripted engine and an instant executor, real tokenizer and template.
   disconnects   (full run) 100 concurrent streaming clients on our server, every one on the forced tool-call
                 path (the sandbox runs code); 20 leave mid-answer, most while their code runs. Checked: no
                 error for the others, the engine back to zero requests, no sandbox process left over.
 
-    python benchmarks/server_bench.py [--quick] [--out FILE.json]
+    python benchmarks/server_bench.py [--quick | --single-user] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -160,8 +162,8 @@ class EngineAlone:
         engine_settings = settings.engine.model_copy(update={"max_model_len": MAX_MODEL_LEN})
         return cls(await VllmEngine.start(model_dir, engine_settings, cache_dir=cache_dir))
 
-    async def stream(self, prompt: str, max_tokens: int) -> tuple[float, int, float]:
-        """As `one_stream`: (time to first token, completion tokens, total time)."""
+    async def stream(self, prompt: str, max_tokens: int) -> "Stream":
+        """As `one_stream`, a chunk per engine output."""
         from rstar.server.engine import SamplingOptions
 
         tokenizer = self.engine.tokenizer
@@ -169,19 +171,39 @@ class EngineAlone:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
         prompt_ids = tokenizer.encode(text, add_special_tokens=False)
         started = time.perf_counter()
-        first, tokens = None, 0
+        arrivals, tokens = [], 0
         async for delta in self.engine.generate(prompt_ids, SamplingOptions(max_tokens=max_tokens, temperature=0.0)):
-            if first is None and delta.token_ids:
-                first = time.perf_counter() - started
+            if delta.token_ids:
+                arrivals.append(time.perf_counter() - started)
             tokens += len(delta.token_ids)
-        return first if first is not None else float("nan"), tokens, time.perf_counter() - started
+        return Stream(arrivals, tokens, time.perf_counter() - started)
 
 
 # -- throughput -----------------------------------------------------------------------------------------
 
 
-async def one_stream(http: httpx.AsyncClient, server: Server, tools: bool | None, prompt: str, max_tokens: int) -> tuple[float, int, float]:
-    """(time to first content token, completion tokens, total time) of one streamed chat completion."""
+@dataclass
+class Stream:
+    """One answer's timing: when each content chunk arrived (seconds after the request), its completion
+    tokens and its total time."""
+
+    arrivals: list[float]
+    tokens: int
+    total_s: float
+
+    @property
+    def ttft(self) -> float:
+        return self.arrivals[0] if self.arrivals else float("nan")
+
+    @property
+    def gaps(self) -> list[float]:
+        """Inter-token latency as vLLM's benchmark_serving counts it: the time between successive chunks."""
+        return [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]
+
+
+
+async def one_stream(http: httpx.AsyncClient, server: Server, tools: bool | None, prompt: str, max_tokens: int) -> Stream:
+    """One streamed chat completion, timed."""
     body = {
         "model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
         "stream": True, "stream_options": {"include_usage": True},
@@ -189,7 +211,7 @@ async def one_stream(http: httpx.AsyncClient, server: Server, tools: bool | None
     if tools is not None:
         body["builtin_tools"] = tools
     started = time.perf_counter()
-    first = None
+    arrivals: list[float] = []
     tokens = 0
     async with http.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=600) as response:
         response.raise_for_status()
@@ -201,11 +223,11 @@ async def one_stream(http: httpx.AsyncClient, server: Server, tools: bool | None
                 raise RuntimeError(chunk["error"])
             delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}
             # The default model reasons first: its first words arrive as reasoning_content on ours.
-            if first is None and (delta.get("content") or delta.get("reasoning_content")):
-                first = time.perf_counter() - started
+            if delta.get("content") or delta.get("reasoning_content"):
+                arrivals.append(time.perf_counter() - started)
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    return first if first is not None else float("nan"), tokens, time.perf_counter() - started
+    return Stream(arrivals, tokens, time.perf_counter() - started)
 
 
 async def throughput_round(server: Server | EngineAlone, tools: bool | None, concurrency: int, requests: int, max_tokens: int) -> dict:
@@ -222,14 +244,21 @@ async def throughput_round(server: Server | EngineAlone, tools: bool | None, con
         started = time.perf_counter()
         results = await asyncio.gather(*(run(i) for i in range(requests)))
         wall = time.perf_counter() - started
-    ttfts = sorted(r[0] for r in results)
-    tokens = sum(r[1] for r in results)
+    tokens = sum(r.tokens for r in results)
+    ttft = percentiles_ms([r.ttft for r in results])
+    itl = percentiles_ms([gap for r in results for gap in r.gaps])
     return {"requests": requests, "tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 2),
-            "ttft_p50_ms": round(statistics.median(ttfts) * 1000, 1), "ttft_p95_ms": round(ttfts[int(0.95 * (len(ttfts) - 1))] * 1000, 1)}
+            "ttft_p50_ms": ttft[0], "ttft_p95_ms": ttft[1], "itl_p50_ms": itl[0], "itl_p95_ms": itl[1]}
 
 
-async def throughput(servers: dict[str, Server | EngineAlone], quick: bool) -> dict:
-    plan = {1: 3, 8: 8} if quick else {1: 12, 8: 48, 32: 128}
+def percentiles_ms(seconds: list[float]) -> tuple[float, float]:
+    """p50 and p95 in milliseconds."""
+    ordered = sorted(seconds)
+    return round(statistics.median(ordered) * 1000, 1), round(ordered[int(0.95 * (len(ordered) - 1))] * 1000, 1)
+
+
+async def throughput(servers: dict[str, Server | EngineAlone], quick: bool, single_user: bool) -> dict:
+    plan = {1: 12} if single_user else {1: 3, 8: 8} if quick else {1: 12, 8: 48, 32: 128}
     rounds = 1 if quick else 3
     max_tokens = 32 if quick else 64
     # Warm each (first requests pay one-time costs), then alternate rounds so drift hits all alike.
@@ -246,14 +275,17 @@ async def throughput(servers: dict[str, Server | EngineAlone], quick: bool) -> d
                 "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in runs), 2),
                 "ttft_p50_ms": round(statistics.median(r["ttft_p50_ms"] for r in runs), 1),
                 "ttft_p95_ms": round(statistics.median(r["ttft_p95_ms"] for r in runs), 1),
+                "itl_p50_ms": round(statistics.median(r["itl_p50_ms"] for r in runs), 1),
+                "itl_p95_ms": round(statistics.median(r["itl_p95_ms"] for r in runs), 1),
                 "tokens": [r["tokens"] for r in runs],
                 "rounds": runs,
             }
         vllm = table["vllm"][concurrency]
-        line = f"  concurrency {concurrency:>2}: vLLM {vllm['tokens_per_s']:6.1f} tok/s (TTFT p50 {vllm['ttft_p50_ms']:.0f} ms)"
+        line = f"  concurrency {concurrency:>2}: vLLM {vllm['tokens_per_s']:6.1f} tok/s (TTFT p50 {vllm['ttft_p50_ms']:.0f} ms, ITL p50 {vllm['itl_p50_ms']:.1f} ms)"
         for client in ("ours", "ours_no_tools", "engine_alone"):
             ours = table[client][concurrency]
-            line += f"; {client} {ours['tokens_per_s']:6.1f} (TTFT {ours['ttft_p50_ms']:.0f} ms, ratio {ours['tokens_per_s'] / vllm['tokens_per_s']:.3f})"
+            line += (f"; {client} {ours['tokens_per_s']:6.1f} (TTFT {ours['ttft_p50_ms']:.0f} ms, ITL {ours['itl_p50_ms']:.1f} ms,"
+                     f" ratio {ours['tokens_per_s'] / vllm['tokens_per_s']:.3f})")
         print(line, flush=True)
     return {"max_tokens": max_tokens, "rounds": rounds, **table}
 
@@ -389,7 +421,8 @@ async def disconnects(ours: Server, quick: bool) -> dict:
 
 async def main_async(args, model_dir: str, log_dir: Path) -> dict:
     compile_caches = None
-    if not args.quick:
+    starts_once = args.quick or args.single_user
+    if not starts_once:
         # Empty compile caches for the first starts; the models dir is the user's (no second download).
         compile_caches = log_dir / "caches"
         (compile_caches / "rstar").mkdir(parents=True)
@@ -397,17 +430,17 @@ async def main_async(args, model_dir: str, log_dir: Path) -> dict:
     launcher = Launcher(model_dir, log_dir, compile_caches)
     servers: dict[str, Server] = {}
     try:
-        start_times, servers = await start_up(launcher, args.quick)
+        start_times, servers = await start_up(launcher, starts_once)
         figures = {"start_up": start_times, "rstar_defaults": picked_defaults(servers["ours"].log_path)}
         alone = await EngineAlone.start(model_dir, compile_caches)
         try:
-            figures["throughput"] = await throughput({**servers, "engine": alone}, args.quick)
+            figures["throughput"] = await throughput({**servers, "engine": alone}, args.quick, args.single_user)
         finally:
             await alone.engine.shutdown()
         table = figures["throughput"]
         figures["engine_alone_ratio_to_vllm"] = {c: round(table["engine_alone"][c]["tokens_per_s"] / table["vllm"][c]["tokens_per_s"], 3) for c in table["vllm"]}
         servers["vllm"].stop()  # the storm runs on ours alone
-        if not args.quick:
+        if not starts_once:
             figures["disconnects"] = await disconnects(servers["ours"], args.quick)
         return figures
     finally:
@@ -422,20 +455,26 @@ def load_settings_models_dir() -> Path:
     return load_settings().models_dir
 
 
-def goals_of(figures: dict, quick: bool) -> list[dict]:
+def goals_of(figures: dict, started_once: bool) -> list[dict]:
     """Throughput and TTFT against `vllm serve`'s defaults, the second start, the loop's overhead and the
     disconnect storm."""
+    from rstar.hardware import cpu_info
+
     table = figures["throughput"]
+    # Under load the lead comes from fp32 where vLLM's bf16 default is emulated (3-5x measured, issue 28); where
+    # bf16 is native both run it and the goal is not to fall behind.
+    c32_ratio = 1.0 if cpu_info().native_bf16 else 3.0
     goals = []
     for concurrency in (1, 8, 32):
         if concurrency not in table["vllm"]:
             continue
         vllm = table["vllm"][concurrency]["tokens_per_s"]
         ours_no_tools, ours = table["ours_no_tools"][concurrency]["tokens_per_s"], table["ours"][concurrency]["tokens_per_s"]
-        goals.append(goal(f"throughput_ratio_no_tools_c{concurrency}", round(ours_no_tools / vllm, 3), ">=", 1.5 if concurrency == 32 else 1.0, "ratio"))
+        goals.append(goal(f"throughput_ratio_no_tools_c{concurrency}", round(ours_no_tools / vllm, 3), ">=", c32_ratio if concurrency == 32 else 1.0, "ratio"))
         goals.append(goal(f"throughput_ratio_tool_prompt_c{concurrency}", round(ours / vllm, 3), ">=", 0.95, "ratio"))
     goals.append(goal("ttft_p50_c1_no_tools_minus_vllm", round(table["ours_no_tools"][1]["ttft_p50_ms"] - table["vllm"][1]["ttft_p50_ms"], 1), "<=", 0, "ms"))
-    attempt = "start_s" if quick else "second_start_s"
+    goals.append(goal("itl_p50_c1_no_tools_minus_vllm", round(table["ours_no_tools"][1]["itl_p50_ms"] - table["vllm"][1]["itl_p50_ms"], 1), "<=", 0, "ms"))
+    attempt = "start_s" if started_once else "second_start_s"
     start_up = figures["start_up"]
     goals.append(goal(f"{attempt.removesuffix('_s')}_minus_vllm", round(start_up["ours"][attempt] - start_up["vllm"][attempt], 1), "<=", 0, "s"))
     goals.append(goal("loop_overhead_per_tool_turn", figures["loop"]["ms_per_tool_turn"], "<=", 5, "ms"))
@@ -448,7 +487,9 @@ def goals_of(figures: dict, quick: bool) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one start each on the user's compile caches, concurrency 1 and 8, one round, no storm")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--quick", action="store_true", help="one start each on the user's compile caches, concurrency 1 and 8, one round, no storm")
+    modes.add_argument("--single-user", action="store_true", help="one start each on the user's compile caches, concurrency 1 only at the full run's size, no storm")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "server_bench.json"))
     args = parser.parse_args()
 
@@ -456,13 +497,14 @@ def main() -> None:
     from rstar.server.model_store import resolve_model
 
     model_dir = resolve_model("default", load_settings_models_dir()).path
-    print(f"server_bench ({'quick' if args.quick else 'full'}) on {model_dir}", flush=True)
+    mode = "quick" if args.quick else "single-user" if args.single_user else "full"
+    print(f"server_bench ({mode}) on {model_dir}", flush=True)
     log_dir = Path(tempfile.mkdtemp(prefix="server_bench-"))
     figures = asyncio.run(main_async(args, str(model_dir), log_dir))
     figures["loop"] = loop_overhead(str(model_dir), args.quick)
-    goals = goals_of(figures, args.quick)
+    goals = goals_of(figures, args.quick or args.single_user)
     report = {
-        "benchmark": "server_bench", "quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "benchmark": "server_bench", "quick": args.quick, "mode": mode, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(), "cpu": cpu_info().to_dict()},
         "model": MODEL_NAME, "max_model_len": MAX_MODEL_LEN, "logs": str(log_dir), **figures, "goals": goals,
     }
