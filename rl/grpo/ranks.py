@@ -14,6 +14,7 @@ the step's groups (`dist.scatter_object_list`), not the whole step.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,6 +49,10 @@ def sharded_trainer(model_dir: Path, compute_dtype: str, config: GRPOConfig, wor
     return GRPOTrainer(policy, config, world)
 
 
+class RankDied(RuntimeError):
+    """A trainer rank's process ended during a run; the message names the rank and its exit code."""
+
+
 class TrainerRanks:
     """The trainer's ranks, driven from rank 0. Every method is one step of all ranks together."""
 
@@ -69,9 +74,10 @@ class TrainerRanks:
     def update(self, trees: Sequence[Tree], config: GRPOConfig) -> dict:
         """One update of the whole step on all ranks; the step's statistics."""
         self._tell("update", config)
-        mine = [None]
-        dist.scatter_object_list(mine, split_trees(trees, self.size), src=0)  # each rank receives its own share only
-        return self.trainer.update(mine[0], config)
+        with self._naming_a_dead_rank():
+            mine = [None]
+            dist.scatter_object_list(mine, split_trees(trees, self.size), src=0)  # each rank receives its own share only
+            return self.trainer.update(mine[0], config)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights, gathered into this process (rank 0) in CPU memory."""
@@ -96,20 +102,39 @@ class TrainerRanks:
 
     def close(self) -> None:
         try:
-            self._tell("stop")
+            if all(process.is_alive() for process in self.followers.processes):  # else the error that ends the run is already raised
+                self._tell("stop")
         finally:
             self._stop_followers()
             leave()
 
     def _tell(self, *command) -> None:
-        dist.broadcast_object_list([command], src=0)
+        with self._naming_a_dead_rank():
+            dist.broadcast_object_list([command], src=0)
+
+    @contextlib.contextmanager
+    def _naming_a_dead_rank(self):
+        """A collective that fails because a rank's process died (kill -9, out of memory) says which rank; gloo's
+        own error names only a closed socket."""
+        try:
+            yield
+        except RuntimeError as exc:
+            for rank, process in enumerate(self.followers.processes, start=1):
+                process.join(timeout=1)  # reap it: a process killed a moment ago may not show as dead yet
+                if not process.is_alive():
+                    raise RankDied(f"trainer rank {rank} of {self.size} (pid {process.pid}) died with exit code {process.exitcode}; "
+                                   f"the run stops here and the same command resumes it from its last checkpoint") from exc
+            raise
 
     def _stop_followers(self) -> None:
-        if not self.followers.join(timeout=60):
-            for process in self.followers.processes:
-                if process.is_alive():
-                    process.kill()
-            self.followers.join()
+        try:
+            self.followers.join(timeout=60)
+        except mp.ProcessExitedException:  # a rank that died: its error is the one already raised
+            pass
+        for process in self.followers.processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
 
     def __enter__(self) -> "TrainerRanks":
         return self

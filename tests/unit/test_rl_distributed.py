@@ -176,3 +176,26 @@ def test_sharded_checkpoints_resume_on_two_ranks_and_on_one(tiny_model_dir, tmp_
     assert worst(weights(resumed), expected) <= 1e-5, "one rank resumed from two"
     for name, parameter in mine.items():  # and the moments two updates built
         assert (resumed.optimizer.state[parameter]["exp_avg"] - single.optimizer.state[theirs[name]]["exp_avg"]).abs().max().item() <= 1e-5
+
+
+def test_a_rank_killed_with_sigkill_is_named_and_no_rank_process_stays(tiny_model_dir):
+    try:
+        check_world_size(2)
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    import os
+    import signal
+
+    from rstar.rl.grpo.ranks import RankDied, TrainerRanks
+
+    config = GRPOConfig(learning_rate=1e-3, warmup_steps=0, compute_dtype="float32")
+    trees = [group(random.Random(4), 10, [5, 9], [1.0, -1.0])]
+    with pytest.raises(RankDied, match=r"trainer rank 1 of 2 \(pid (\d+)\) died with exit code -9; .* the same command resumes") as caught:
+        with TrainerRanks(tiny_model_dir, "float32", config, size=2) as ranks:
+            ranks.update(trees, config)
+            pid = ranks.followers.processes[0].pid
+            os.kill(pid, signal.SIGKILL)
+            ranks.update(trees, config)
+    assert str(pid) in str(caught.value)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # reaped, not a zombie
