@@ -3,6 +3,7 @@
     OpenAI API      server/api.py                   /health, /version, /metrics, /v1/models, /v1/chat/completions,
                                                     /v1/completions, /v1/responses, /tokenize, /detokenize
     conversations   server/routes_conversations.py  /v1/conversations, its export, one conversation (get, delete)
+    containers      server/routes_containers.py     /v1/containers and their files (OpenAI's Containers API subset)
     evals           server/routes_evals.py          /v1/evals/runs and their samples and files (read-only)
     RL              rl/api.py                       /v1/rl/runs (only with settings.enable_rl, behind the admin key)
     UI              ui/app.py                       /ui (Gradio; it calls the API over HTTP like any client)
@@ -14,6 +15,7 @@ server package never imports `rl/` or `ui/`; this module joins them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 from fastapi import FastAPI
@@ -22,8 +24,9 @@ import rstar
 from rstar.config import Settings
 from rstar.rl import api as rl_api
 from rstar.server import api as openai_api
-from rstar.server import routes_conversations, routes_evals
+from rstar.server import routes_containers, routes_conversations, routes_evals
 from rstar.server.auth import ADMIN_KEY, API_KEY, LoopbackHostOnly
+from rstar.server.containers import ContainerStore, purge_expired_periodically
 from rstar.server.errors import install_error_handlers
 from rstar.server.lifespan import EngineFactory, SandboxFactory, serving_lifespan
 from rstar.server.limits import BodySizeLimit
@@ -39,22 +42,27 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         async with serving_lifespan(app, settings, engine_factory, model_name, sandbox_factory):
+            purging = asyncio.create_task(purge_expired_periodically(app.state.containers))
             try:
                 yield
             finally:
+                purging.cancel()
                 if settings.enable_rl:  # before the engine closes under the run
                     await app.state.rl_runs.stop()
 
     app = FastAPI(title="rstar", version=rstar.__version__, lifespan=lifespan)
     app.state.settings = settings
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.api.max_body_bytes)
+    app.state.containers = ContainerStore(settings.data_dir / "containers", settings.containers)
+    # An upload carries one file under its cap plus the multipart framing around it.
+    app.add_middleware(BodySizeLimit, max_bytes=settings.api.max_body_bytes, upload_bytes=settings.containers.max_file_bytes + 64 * 1024)
     app.add_middleware(RequestCounter, metrics=lambda: getattr(app.state, "serving", None) and app.state.serving.metrics)
     if settings.api_key is None and not settings.insecure_no_auth:
         app.add_middleware(LoopbackHostOnly)
 
     app.include_router(openai_api.router)
     app.include_router(routes_conversations.router)
+    app.include_router(routes_containers.router)
     app.include_router(routes_evals.router, dependencies=API_KEY)
     if settings.enable_rl:
         app.state.rl_runs = rl_api.RlRuns(settings)

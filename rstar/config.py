@@ -121,6 +121,14 @@ class ApiSettings(BaseModel):
     )
 
 
+class ContainerSettings(BaseModel):
+    max_file_bytes: int = Field(50 * 2**20, ge=1, description="Largest file one upload may put in a container (413 past it).")
+    max_files: int = Field(100, ge=1, description="Files one container may hold, uploaded and written by code together.")
+    max_bytes: int = Field(200 * 2**20, ge=1, description="Bytes of files one container may hold (413 past it).")
+    max_per_key: int = Field(20, ge=1, description="Live containers one API key (or, without one, the server) may have at once (429 past it).")
+    max_memory_limit: Literal["1g", "4g", "16g", "64g"] = Field("4g", description="Largest memory_limit a container may ask for (400 past it).")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RSTAR_", env_nested_delimiter="__", extra="forbid")
 
@@ -153,6 +161,7 @@ class Settings(BaseSettings):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    containers: ContainerSettings = Field(default_factory=ContainerSettings)
 
     @field_validator("api_key", "admin_key")
     @classmethod

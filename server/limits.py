@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rstar.server.errors import APIError, error_body
+
+_UPLOAD_PATH = re.compile(r"/v1/containers/[^/]+/files")
 
 T = TypeVar("T")
 
@@ -148,17 +151,21 @@ async def with_deadline(events: AsyncIterator[T], timeout_s: float) -> AsyncIter
 class BodySizeLimit:
     """ASGI middleware: 413 for a body over `max_bytes`, from Content-Length before reading, else once the
     chunks read so far exceed it. The body is read here (the JSON routes read it whole anyway) and handed
-    on; later `receive` calls reach the client's connection, so disconnects are still seen."""
+    on; later `receive` calls reach the client's connection, so disconnects are still seen. A file upload
+    (`POST /v1/containers/{id}/files`) may carry `upload_bytes` (a file under its cap, plus the multipart
+    framing) instead, and the upload route checks the file's own caps."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, upload_bytes: int = 0):
+        self.app, self.max_bytes, self.upload_bytes = app, max_bytes, upload_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "DELETE"):
             return await self.app(scope, receive, send)
+        upload = _UPLOAD_PATH.fullmatch(scope["path"]) is not None
+        limit, setting = (self.upload_bytes, "containers.max_file_bytes") if upload and self.upload_bytes > self.max_bytes else (self.max_bytes, "api.max_body_bytes")
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._reject(send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await _reject(send, limit, setting)
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -166,8 +173,8 @@ class BodySizeLimit:
                 return  # the client left while sending
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.max_bytes:
-                return await self._reject(send)
+            if size > limit:
+                return await _reject(send, limit, setting)
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
@@ -182,9 +189,10 @@ class BodySizeLimit:
 
         await self.app(scope, replay, send)
 
-    async def _reject(self, send: Send) -> None:
-        message = f"request body exceeds {self.max_bytes} bytes (server setting api.max_body_bytes)"
-        body = json.dumps(error_body(413, message, code="body_too_large")).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+
+async def _reject(send: Send, limit: int, setting: str) -> None:
+    message = f"request body exceeds {limit} bytes (server setting {setting})"
+    body = json.dumps(error_body(413, message, code="body_too_large")).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

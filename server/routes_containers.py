@@ -1,0 +1,93 @@
+"""The Containers API subset: containers (create, list, retrieve, delete) and their files (upload, list,
+retrieve, content, delete). A container belongs to the API key that made it (`key_owner`); another key's is a 404.
+
+The plain functions run in FastAPI's thread pool, so their file I/O stays off the event loop; the upload is
+async only to parse the multipart body, and writes the file in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+
+from rstar.server.auth import API_KEY, key_owner
+from rstar.server.containers import ContainerStore
+from rstar.server.errors import APIError
+from rstar.server.schemas_containers import Container, ContainerCreate, ContainerFile, Deleted, ListPage
+
+router = APIRouter(prefix="/v1/containers", dependencies=API_KEY)
+
+
+@router.post("")
+def create_container(body: ContainerCreate, request: Request) -> Container:
+    return _store(request).create(body, key_owner(request))
+
+
+@router.get("")
+def list_containers(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None, order: str = Query("desc", pattern="^(asc|desc)$")) -> ListPage:
+    return _page(_store(request).list(key_owner(request)), limit, after, order)
+
+
+@router.get("/{container_id}")
+def retrieve_container(container_id: str, request: Request) -> Container:
+    return _store(request).get(container_id, key_owner(request))
+
+
+@router.delete("/{container_id}")
+def delete_container(container_id: str, request: Request) -> Deleted:
+    _store(request).delete(container_id, key_owner(request))
+    return Deleted(id=container_id, object="container.deleted")
+
+
+@router.post("/{container_id}/files")
+async def upload_file(container_id: str, request: Request) -> ContainerFile:
+    try:
+        form = await request.form(max_files=1, max_fields=8)
+    except HTTPException as exc:  # Starlette's word for a malformed multipart body
+        raise APIError(400, f"file: malformed multipart body: {exc.detail}", "file", "invalid_multipart") from None
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        raise APIError(400, "file: send the file as multipart/form-data in a part named `file`.", "file", "missing_file")
+    try:
+        return await asyncio.to_thread(_store(request).add_file, container_id, key_owner(request), upload.filename, upload.file)
+    finally:
+        await form.close()
+
+
+@router.get("/{container_id}/files")
+def list_files(container_id: str, request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None, order: str = Query("desc", pattern="^(asc|desc)$")) -> ListPage:
+    return _page(_store(request).list_files(container_id, key_owner(request)), limit, after, order)
+
+
+@router.get("/{container_id}/files/{file_id}")
+def retrieve_file(container_id: str, file_id: str, request: Request) -> ContainerFile:
+    return _store(request).file(container_id, file_id, key_owner(request))[0]
+
+
+@router.get("/{container_id}/files/{file_id}/content")
+def file_content(container_id: str, file_id: str, request: Request) -> FileResponse:
+    record, path = _store(request).file(container_id, file_id, key_owner(request))
+    return FileResponse(path, filename=record.path.rsplit("/", 1)[-1])
+
+
+@router.delete("/{container_id}/files/{file_id}")
+def delete_file(container_id: str, file_id: str, request: Request) -> Deleted:
+    _store(request).delete_file(container_id, file_id, key_owner(request))
+    return Deleted(id=file_id, object="container.file.deleted")
+
+
+def _store(request: Request) -> ContainerStore:
+    return request.app.state.containers
+
+
+def _page(items: list, limit: int, after: str | None, order: str) -> ListPage:
+    """One page of `items` (oldest first) in OpenAI's cursor form: `after` is the last id of the page before."""
+    ordered = items if order == "asc" else items[::-1]
+    ids = [item.id for item in ordered]
+    start = ids.index(after) + 1 if after in ids else 0
+    page = ordered[start : start + limit]
+    return ListPage(data=page, first_id=page[0].id if page else None, last_id=page[-1].id if page else None, has_more=start + limit < len(ordered))
