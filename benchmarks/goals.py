@@ -4,6 +4,7 @@ benchmarks/README.md gives. Built, written and reported here, so each script sta
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Literal
 
@@ -50,6 +51,12 @@ def run_header(benchmark: str, began: float, load_before: tuple[float, ...], qui
         "quick": quick,
         "wall_s": time.perf_counter() - began,
     }
+
+
+def percentiles_ms(seconds: list[float], digits: int = 1) -> tuple[float, float]:
+    """p50 and p95 of durations in seconds, in milliseconds."""
+    ordered = sorted(seconds)
+    return round(statistics.median(ordered) * 1000, digits), round(ordered[int(0.95 * (len(ordered) - 1))] * 1000, digits)
 
 
 def write_report(path: Path, report: dict) -> None:

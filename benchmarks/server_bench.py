@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from goals import goal, write_report
+from goals import goal, percentiles_ms, write_report
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the tests' support modules: free ports, the scripted engine the loop benchmark streams from
@@ -176,7 +176,7 @@ class EngineAlone:
             if delta.token_ids:
                 arrivals.append(time.perf_counter() - started)
             tokens += len(delta.token_ids)
-        return Stream(arrivals, tokens, time.perf_counter() - started)
+        return Stream(arrivals, tokens)
 
 
 # -- throughput -----------------------------------------------------------------------------------------
@@ -184,12 +184,11 @@ class EngineAlone:
 
 @dataclass
 class Stream:
-    """One answer's timing: when each content chunk arrived (seconds after the request), its completion
-    tokens and its total time."""
+    """One answer's timing: when each content chunk arrived (seconds after the request), and its completion
+    tokens."""
 
     arrivals: list[float]
     tokens: int
-    total_s: float
 
     @property
     def ttft(self) -> float:
@@ -199,7 +198,6 @@ class Stream:
     def gaps(self) -> list[float]:
         """Inter-token latency as vLLM's benchmark_serving counts it: the time between successive chunks."""
         return [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]
-
 
 
 async def one_stream(http: httpx.AsyncClient, server: Server, tools: bool | None, prompt: str, max_tokens: int) -> Stream:
@@ -227,7 +225,7 @@ async def one_stream(http: httpx.AsyncClient, server: Server, tools: bool | None
                 arrivals.append(time.perf_counter() - started)
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    return Stream(arrivals, tokens, time.perf_counter() - started)
+    return Stream(arrivals, tokens)
 
 
 async def throughput_round(server: Server | EngineAlone, tools: bool | None, concurrency: int, requests: int, max_tokens: int) -> dict:
@@ -249,12 +247,6 @@ async def throughput_round(server: Server | EngineAlone, tools: bool | None, con
     itl = percentiles_ms([gap for r in results for gap in r.gaps])
     return {"requests": requests, "tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 2),
             "ttft_p50_ms": ttft[0], "ttft_p95_ms": ttft[1], "itl_p50_ms": itl[0], "itl_p95_ms": itl[1]}
-
-
-def percentiles_ms(seconds: list[float]) -> tuple[float, float]:
-    """p50 and p95 in milliseconds."""
-    ordered = sorted(seconds)
-    return round(statistics.median(ordered) * 1000, 1), round(ordered[int(0.95 * (len(ordered) - 1))] * 1000, 1)
 
 
 async def throughput(servers: dict[str, Server | EngineAlone], quick: bool, single_user: bool) -> dict:
