@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, get_args
 
 from rstar.config import ContainerSettings
 from rstar.server.errors import APIError
@@ -24,7 +24,7 @@ from rstar.server.schemas_containers import Container, ContainerCreate, Containe
 
 log = logging.getLogger("rstar.server")
 
-MEMORY_LIMITS: tuple[MemoryLimit, ...] = ("1g", "4g", "16g", "64g")
+MEMORY_LIMITS: tuple[MemoryLimit, ...] = get_args(MemoryLimit)  # smallest first
 PURGE_INTERVAL_S = 60.0
 _CHUNK = 1 << 16
 
