@@ -25,6 +25,7 @@ from rstar.orphan_guard import shared_memory_used
 from rstar.rl.data import Problem
 from rstar.rl.grpo.recipe import parse_recipe
 from rstar.rl.grpo.rollout import RolloutEnv
+from rstar.rl.grpo.sharded_checkpoint import SHARDED_DIR
 from rstar.rl.grpo.train import RunSpec, train_grpo
 from rstar.rl.grpo.weight_sync import MIN_FOLLOWED, WeightSyncFailed
 from rstar.rl.runs import RunStore
@@ -139,12 +140,14 @@ def test_a_reload_that_keeps_stale_weights_stops_the_run_naming_the_probe(engine
 
 
 def test_a_run_over_the_api_trains_the_serving_engine_while_it_answers(live_server, restore_engine_weights):
+    """On two sharded trainer ranks (gloo), as a user past one device would ask for; the one-rank path is the
+    tests above."""
     data = write_problems(live_server.settings.data_dir / "problems.jsonl")
     recipe = live_server.settings.data_dir / "tiny.toml"
     # One step of two problems shows the engine trained while it answers; whether the step learned is not the point.
     recipe.write_text(toml_text(tiny(steps=1, prompts_per_step=2, max_response_tokens=128)))
     with httpx.Client(base_url=live_server.base_url, timeout=120) as client:
-        started = client.post("/v1/rl/runs", json={"recipe": str(recipe), "data": str(data), "run_id": "api-run"})
+        started = client.post("/v1/rl/runs", json={"recipe": str(recipe), "data": str(data), "run_id": "api-run", "config": {"trainer_ranks": 2}})
         assert started.status_code == 202, started.text
         assert started.json()["status"] == "running"
         second = client.post("/v1/rl/runs", json={"recipe": str(recipe), "data": str(data), "run_id": "api-run-2"})
@@ -164,6 +167,9 @@ def test_a_run_over_the_api_trains_the_serving_engine_while_it_answers(live_serv
         assert run["status"] == "finished", run
         assert [s["step"] for s in run["steps"]] == [1]
         assert all(f.startswith("rstar-weights-v") for f in fingerprints)
+        # Both ranks wrote their own shards of the weights and AdamW's moments into the step's checkpoint.
+        [checkpoint] = run["checkpoints"]
+        assert sorted(p.name for p in (Path(checkpoint["path"]) / SHARDED_DIR).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
         listed = client.get("/v1/rl/runs").json()["data"]
         assert "api-run" in [r["id"] for r in listed]
         assert client.get("/v1/rl/runs/nope").status_code == 404
