@@ -12,6 +12,7 @@ stdout and stderr itself.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -28,9 +29,11 @@ from . import cell, figures, harden, protocol
 
 PR_GET_NO_NEW_PRIVS = 39
 PR_GET_SECCOMP = 21
-# Fixed fd layout inside every child. The Landlock ruleset sits above it only until the child applies it.
+# Fixed fd layout inside every child. A container's cell holds its data dir at CHILD_DATA (what /mnt/data
+# links to, launch.MNT_DATA_TARGET); the Landlock ruleset sits above it only until the child applies it.
 CHILD_STDIN, CHILD_STDOUT, CHILD_STDERR, CHILD_JOB, CHILD_STATUS = 0, 1, 2, 3, 4
-CHILD_RULESET = 5
+CHILD_DATA, CHILD_RULESET = 5, 6
+MB = 1 << 20
 
 
 @dataclass
@@ -67,12 +70,21 @@ class ChildSetup:
         return self.rulesets[scratch]
 
 
+@dataclass(frozen=True)
+class Container:
+    """What makes a session child a container's: the data dir it works in (besides its own scratch dir), and
+    the address space its code may map beyond the warm image (None: memory_mb is the whole cap, as for any cell)."""
+
+    data_dir: str
+    room_mb: int | None
+
+
 class Child:
     """A forked child and the zygote's ends of its pipes."""
 
     def __init__(self, pid: int, uid: int | None, scratch: str, out: int, err: int, job: int, status: int,
-                 born: float) -> None:
-        self.pid, self.uid, self.scratch = pid, uid, scratch
+                 born: float, container: Container | None = None) -> None:
+        self.pid, self.uid, self.scratch, self.container = pid, uid, scratch, container
         self.out, self.err, self.job, self.status = out, err, job, status
         self.exit_status: int | None = None  # waitpid status once reaped
         self.born = born
@@ -100,11 +112,26 @@ def prepare_scratch(path: str, uid: int | None) -> None:
     os.chmod(path, 0o700)
 
 
-def fork_child(setup: ChildSetup, uid: int | None, scratch: str, persistent: bool, cpu_s: int, now: float) -> Child:
+def own_container(data_dir: str, uid: int | None) -> None:
+    """Give a container's files to the uid of the cell about to use them (the zygote's own uid once no cell
+    does), so that only that cell's uid can reach them: uids are reused by other sessions later, and uploads
+    arrive as the server's. Nothing is emptied: the files are the container's."""
+    if uid is None:
+        return
+    os.chown(data_dir, uid, uid)
+    os.chmod(data_dir, 0o700)
+    for root, dirs, files in os.walk(data_dir):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+
+
+def fork_child(setup: ChildSetup, uid: int | None, scratch: str, persistent: bool, cpu_s: int, now: float,
+               container: Container | None = None) -> Child:
     """Fork a child that hardens itself and waits for work; the caller gets non-blocking ends of its output and
 status pipes and the blocking write end of its job pipe."""
     prepare_scratch(scratch, uid)
-    ruleset = setup.landlock_ruleset(scratch)
+    # A container's ruleset covers its data dir too; the child builds it itself, as containers come and go.
+    ruleset = setup.landlock_ruleset(scratch) if container is None else None
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     job_r, job_w = os.pipe()
@@ -114,12 +141,12 @@ status pipes and the blocking write end of its job pipe."""
         ends = {CHILD_STDOUT: out_w, CHILD_STDERR: err_w, CHILD_JOB: job_r, CHILD_STATUS: st_w}
         if ruleset is not None:
             ends[CHILD_RULESET] = ruleset
-        _child_main(setup, ends, uid, scratch, persistent, cpu_s)
+        _child_main(setup, ends, uid, scratch, persistent, cpu_s, container)
     for fd in (out_w, err_w, job_r, st_w):
         os.close(fd)
     for fd in (out_r, err_r, st_r):  # os.pipe fds are already non-inheritable; the job pipe stays blocking
         os.set_blocking(fd, False)
-    return Child(pid, uid, scratch, out_r, err_r, job_w, st_r, now)
+    return Child(pid, uid, scratch, out_r, err_r, job_w, st_r, now, container)
 
 
 # ------------------------------------------------------------------------------------ in the child
@@ -128,18 +155,21 @@ class _ChildSetupError(Exception):
 
 
 def _place_fds(targets: dict[int, int]) -> None:
-    """dup2 each source onto its target fd, then close everything above the highest target.
+    """dup2 each source onto its target fd, then close every other fd (a gap in the layout is closed too).
 
     Sources are first moved above the targets so no dup2 overwrites a source still needed.
     """
     high = {target: fcntl.fcntl(src, fcntl.F_DUPFD, 10) for target, src in targets.items()}
     for target, src in high.items():
         os.dup2(src, target, inheritable=True)
+    for gap in set(range(max(targets))) - set(targets):
+        with contextlib.suppress(OSError):
+            os.close(gap)
     os.closerange(max(targets) + 1, 1 << 20)
 
 
 def _child_main(setup: ChildSetup, ends: dict[int, int], uid: int | None, scratch: str, persistent: bool,
-                cpu_s: int) -> None:
+                cpu_s: int, container: Container | None) -> None:
     """Body of a forked child; never returns."""
     code = 70
     try:
@@ -148,12 +178,14 @@ def _child_main(setup: ChildSetup, ends: dict[int, int], uid: int | None, scratc
             address_space = harden.address_space()
             os.setsid()
             devnull = os.open(os.devnull, os.O_RDWR)
+            if container is not None:
+                ends[CHILD_DATA] = os.open(container.data_dir, os.O_PATH | os.O_DIRECTORY)
             _place_fds({CHILD_STDIN: devnull, **ends})
             # The forker's SIGCHLD handler, undone through _signal: signal.signal's enum wrapping runs enough
             # Python to copy dozens of pages in every fresh child.
             signal.set_wakeup_fd(-1)
             _signal.signal(signal.SIGCHLD, _signal.SIG_DFL)
-            layers = harden_self(setup, uid, scratch, cpu_s)
+            layers = harden_self(setup, uid, scratch, cpu_s, container, address_space)
         except BaseException as exc:  # noqa: BLE001 - reported to the zygote, then the child exits
             _send_status({"status": "internal_error", "detail": f"hardening failed: {type(exc).__name__}: {exc}"})
             raise _ChildSetupError from exc
@@ -163,24 +195,32 @@ def _child_main(setup: ChildSetup, ends: dict[int, int], uid: int | None, scratc
         os._exit(code)
 
 
-def harden_self(setup: ChildSetup, uid: int | None, scratch: str, cpu_s: int) -> dict:
+def harden_self(setup: ChildSetup, uid: int | None, scratch: str, cpu_s: int, container: Container | None,
+                address_space: int) -> dict:
     """Each layer is applied or the child dies: there is no partial sandbox. Returns the layers applied."""
     cfg = setup.cfg
     layers = {}
+    ruleset = CHILD_RULESET
+    if setup.landlock_abi and container is not None:  # built while still privileged, as the zygote builds the others
+        ll = cfg["landlock"]
+        ruleset = harden.landlock_prepare(setup.landlock_abi, ll["read_only"], [scratch, container.data_dir], ll["devices"])
+    memory_mb = cfg["memory_mb"]
+    if container is not None and container.room_mb is not None:
+        memory_mb = -(-address_space // MB) + container.room_mb
     layers["rlimits"] = harden.set_rlimits(
-        memory_mb=cfg["memory_mb"], cpu_s=cpu_s, file_size_mb=cfg["file_size_mb"],
+        memory_mb=memory_mb, cpu_s=cpu_s, file_size_mb=cfg["file_size_mb"],
         open_files=cfg["open_files"], processes=cfg["processes"] if uid is not None else None)
     if uid is not None:
         harden.drop_privileges(uid)
         layers["uid"] = uid
     harden.set_no_new_privs()
     if setup.landlock_abi:
-        harden.landlock_apply(CHILD_RULESET)  # closes it: a cell never holds the ruleset
+        harden.landlock_apply(ruleset)  # closes it: a cell never holds the ruleset
         layers["landlock"] = setup.landlock_abi
     if setup.seccomp is not None:
         harden.load_seccomp(setup.seccomp)
         layers["seccomp"] = True
-    os.chdir(scratch)
+    os.chdir(scratch if container is None else container.data_dir)
     os.environ["HOME"] = os.environ["TMPDIR"] = scratch  # the rest of the environment is the forker's: cfg["env"]
     return layers
 

@@ -13,7 +13,8 @@ reports each exit status. Everything else (scheduling, deadlines, output, killin
 
 Messages, one SOCK_SEQPACKET record each. The per-cell ones are packed structs, not JSON: everything the
 forker's loop touches after a fork is copied, and json's encoder touches a lot.
-    zygote -> forker  SPAWN (tag, uid or -1, persistent, cpu_s) + the scratch path in UTF-8
+    zygote -> forker  SPAWN (tag, uid or -1, persistent, cpu_s, room_mb or -1) + the scratch path in UTF-8,
+                      then, for a container's cell, NUL and its data dir
     forker -> zygote  READY + JSON {"warmup_s", "released_memory", "huge_page_mb"}     once, when preloaded
                       SPAWNED (tag, pid, born) + fds out, err, job, status
                       EXITED (pid, waitpid status)
@@ -36,13 +37,13 @@ import time
 from dataclasses import dataclass
 
 from . import cell, harden, procs
-from .child import Child, ChildSetup, fork_child
+from .child import Child, ChildSetup, Container, fork_child
 
 PR_SET_CHILD_SUBREAPER = 36
 MADV_COLLAPSE = 25  # Linux 6.1+
 HUGE_PAGE = 2 << 20
 MESSAGE_MAX = 64 * 1024  # a record; ours are a few hundred bytes at most
-SPAWN = struct.Struct("=qi?i")  # tag, uid (-1: keep ours), persistent, cpu_s; the scratch path follows
+SPAWN = struct.Struct("=qi?ii")  # tag, uid (-1: keep ours), persistent, cpu_s, room_mb (-1: none); the paths follow
 SPAWNED = struct.Struct("=cqid")  # b"S", tag, pid, born (monotonic)
 EXITED = struct.Struct("=cii")  # b"E", pid, status
 READY = b"R"
@@ -72,7 +73,7 @@ class Forker:
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock, self.pid = sock, pid
         self.tags = iter(range(1, 1 << 62))
-        self.asked: dict[int, tuple[int | None, str]] = {}  # tag -> (uid, scratch) of a child not yet received
+        self.asked: dict[int, tuple[int | None, str, Container | None]] = {}  # tag -> what a child not yet received was asked with
 
     @classmethod
     def start(cls, cfg: dict) -> tuple["Forker", dict]:
@@ -102,15 +103,16 @@ class Forker:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def request(self, uid: int | None, scratch: str, persistent: bool, cpu_s: int) -> int:
+    def request(self, uid: int | None, scratch: str, persistent: bool, cpu_s: int, container: Container | None = None) -> int:
         """Ask for a child; returns the tag its `Spawned` will carry."""
         tag = next(self.tags)
-        message = SPAWN.pack(tag, -1 if uid is None else uid, persistent, cpu_s) + scratch.encode()
+        room_mb, paths = (-1, scratch) if container is None else (-1 if container.room_mb is None else container.room_mb, f"{scratch}\0{container.data_dir}")
+        message = SPAWN.pack(tag, -1 if uid is None else uid, persistent, cpu_s, room_mb) + paths.encode()
         try:
             self.sock.send(message)  # blocking, but small, and the forker always reads
         except OSError as exc:
             raise ForkerGone(f"the forker is gone: {exc}") from exc
-        self.asked[tag] = (uid, scratch)
+        self.asked[tag] = (uid, scratch, container)
         return tag
 
     def pending(self) -> list[Spawned | Exited]:
@@ -144,8 +146,8 @@ class Forker:
             if data[:1] == b"S" and len(data) == SPAWNED.size and ancillary:
                 _, tag, pid, born = SPAWNED.unpack(data)
                 out, err, job, status = CHILD_FDS.unpack(ancillary[0][2])
-                uid, scratch = self.asked.pop(tag)
-                return Spawned(tag, Child(pid, uid, scratch, out, err, job, status, born))
+                uid, scratch, container = self.asked.pop(tag)
+                return Spawned(tag, Child(pid, uid, scratch, out, err, job, status, born, container))
             if data[:1] == READY:
                 return json.loads(data[1:])
             print(f"ignored an unreadable message on the forker's socket: {data[:200]!r}", file=sys.stderr)
@@ -208,8 +210,10 @@ def serve(sock: socket.socket, cfg: dict) -> None:
             for pid in children:
                 procs.kill_group(pid)
             return
-        tag, uid, persistent, cpu_s = SPAWN.unpack_from(request)
-        child = fork_child(setup, None if uid < 0 else uid, request[SPAWN.size :].decode(), persistent, cpu_s, time.monotonic())
+        tag, uid, persistent, cpu_s, room_mb = SPAWN.unpack_from(request)
+        scratch, _, data_dir = request[SPAWN.size :].decode().partition("\0")
+        container = Container(data_dir, None if room_mb < 0 else room_mb) if data_dir else None
+        child = fork_child(setup, None if uid < 0 else uid, scratch, persistent, cpu_s, time.monotonic(), container)
         children.add(child.pid)
         with contextlib.suppress(OSError):  # the zygote is gone: the next recv says so
             sock.sendmsg((SPAWNED.pack(b"S", tag, child.pid, child.born),),

@@ -29,6 +29,10 @@ log = logging.getLogger("rstar.sandbox")
 PACKAGE_DIR = Path(__file__).resolve().parent
 IN_SANDBOX_PACKAGE_PARENT = "/opt/rstar"
 IN_SANDBOX_SCRATCH = "/tmp/cells"
+IN_SANDBOX_CONTAINERS = "/var/lib/rstar/containers"
+# A container cell holds its data dir open at this fd (child.CHILD_DATA), so /mnt/data, a link to it, is that
+# cell's own container in every cell, through one mount of them all (Landlock keeps each cell to its own).
+MNT_DATA, MNT_DATA_TARGET = "/mnt/data", "/proc/self/fd/5"
 ZYGOTE_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
 DEVICES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
 # Libraries that start one thread per core unless told otherwise; a cell gets one core's worth.
@@ -133,10 +137,16 @@ def plan(settings: SandboxSettings, host: HostReport) -> LaunchPlan:
         "groups_sealed": bool(isolated and host.seccomp_bpf
                               and not set(harden.GROUP_SYSCALLS) & set(host.seccomp_skipped)),
         "landlock": None,
+        "containers_root": None,
     }
+    if settings.containers_dir:
+        # Traversable, not listable: a cell without Landlock still cannot find the other containers' ids.
+        os.makedirs(settings.containers_dir, exist_ok=True)
+        os.chmod(settings.containers_dir, 0o711)
     if not isolated:
         scratch = tempfile.mkdtemp(prefix="rstar-cells-")
         config["scratch_root"] = scratch
+        config["containers_root"] = settings.containers_dir
         argv = [binary, "-I", "-S", "-B", "-c", _boot_code(str(PACKAGE_DIR.parent), sites)]
         return LaunchPlan(argv, config, False, scratch)
 
@@ -159,7 +169,8 @@ def plan(settings: SandboxSettings, host: HostReport) -> LaunchPlan:
     made: set[str] = {"/", "/usr", "/tmp", "/proc", "/dev"}
     binds = [(p, p) for p in (prefix, *sites) if not p.startswith("/usr/")]
     binds.append((str(PACKAGE_DIR), f"{IN_SANDBOX_PACKAGE_PARENT}/{PACKAGE_DIR.name}"))
-    for _, dest in binds:
+    mounted = [dest for _, dest in binds] + [IN_SANDBOX_CONTAINERS, MNT_DATA] * bool(settings.containers_dir)
+    for dest in mounted:
         for parent in reversed(Path(dest).parents):
             p = str(parent)
             if p not in made:
@@ -167,6 +178,9 @@ def plan(settings: SandboxSettings, host: HostReport) -> LaunchPlan:
                 made.add(p)
     for src, dest in binds:
         argv += ["--ro-bind", src, dest]
+    if settings.containers_dir:
+        config["containers_root"] = IN_SANDBOX_CONTAINERS
+        argv += ["--bind", settings.containers_dir, IN_SANDBOX_CONTAINERS, "--symlink", MNT_DATA_TARGET, MNT_DATA]
     if host.root:
         for cap in ZYGOTE_CAPS:
             argv += ["--cap-add", cap]

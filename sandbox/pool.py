@@ -232,8 +232,14 @@ class SandboxPool:
             return f"input has {len(request.input)} characters; the limit is {s.max_input_chars}"
         if request.history and request.tool != JUPYTER_TOOL:
             return f"history is only meaningful for {JUPYTER_TOOL}"
-        if request.history and request.session_id:
-            return "use either history (replay) or session_id (live session), not both"
+        if request.history and (request.session_id or request.container_id):
+            return "use either history (replay) or a live interpreter (session_id, container_id), not both"
+        if request.container_id and request.session_id:
+            return "a container is a session of its own: give container_id or session_id, not both"
+        if request.container_id and not s.containers_dir:
+            return "this sandbox has no containers_dir: it cannot run cells in containers"
+        if request.memory_mb is not None and not request.container_id:
+            return "memory_mb is a container's: it needs container_id"
         if sum(len(c) for c in request.history) > s.max_code_chars * 4:
             return "history is too large to replay"
         for text in (request.code, request.input or "", *request.history):
@@ -246,12 +252,14 @@ class SandboxPool:
     async def _run_valid(self, request: RunRequest, queue_timeout_s: float | None = None) -> RunResult:
         timeout = min(request.timeout_s or self.settings.timeout_s, self.settings.max_timeout_s)
         history = request.history[-self.settings.max_history_cells:] if request.tool == JUPYTER_TOOL else []
-        message = {"op": "run", "kind": "exec", "code": request.code, "stdin": request.input,
-                   "history": history, "timeout_s": timeout, "session": request.session_id, "protocol": request.protocol}
-        if request.session_id is None:
+        # A container's cells share one interpreter: the zygote keeps it as the session named by the container's id.
+        session = request.session_id or request.container_id
+        message = {"op": "run", "kind": "exec", "code": request.code, "stdin": request.input, "history": history, "timeout_s": timeout,
+                   "session": session, "container": request.container_id, "memory_mb": request.memory_mb, "protocol": request.protocol}
+        if session is None:
             answer, waited = await self._dispatch(message, timeout, queue_timeout_s)
         else:
-            lock = self._session_locks.setdefault(request.session_id, asyncio.Lock())
+            lock = self._session_locks.setdefault(session, asyncio.Lock())
             async with lock:
                 answer, waited = await self._dispatch(message, timeout, queue_timeout_s)
         return self._to_result(answer, waited)

@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from .tools import PYTHON_TOOL, ToolProtocol
 from .verify import RewardRule
 
+# What the API's containers are called (server/containers.py: 128 random bits); nothing else names a directory.
+CONTAINER_ID = r"^cntr_[0-9a-f]{32}$"
+
 Status = Literal["ok", "error", "timeout", "memory", "output_limit", "queue_timeout", "invalid_input", "internal_error"]
 
 
@@ -29,6 +32,11 @@ class RunRequest(BaseModel):
     input: StrictStr | None = Field(None, description="Text piped to stdin.")
     history: list[StrictStr] = Field(default_factory=list, description="jupyter_code: earlier cells, oldest first.")
     session_id: StrictStr | None = Field(None, description="Run in a persistent session (state kept between calls).")
+    container_id: StrictStr | None = Field(
+        None, pattern=CONTAINER_ID, description="Run in this container's interpreter (its globals kept between calls), in its data dir, "
+        "which the code also sees at /mnt/data; needs the sandbox's containers_dir.")
+    memory_mb: int | None = Field(
+        None, ge=64, le=65536, description="Container cells only: address space the code may map beyond the warm image (a container's memory_limit); default memory_mb as the whole cap.")
     timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit; default and ceiling come from the settings.")
     protocol: ToolProtocol = Field(
         "improved",

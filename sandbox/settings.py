@@ -34,6 +34,9 @@ class SandboxSettings(BaseModel):
     max_file_size_mb: int = Field(16, description="Largest file a cell may write (RLIMIT_FSIZE).")
     scratch_mb: int = Field(256, description="Size of the tmpfs holding every cell's scratch directory.")
     uid_base: int = Field(61000, description="Cells run as uid_base+slot (sessions above the slots); needs root, else cells keep the caller's uid.")
+    containers_dir: str | None = Field(
+        None, description="Host directory of the API's containers (`<id>/data` each): a cell named by a container works in its data dir, seen "
+        "at /mnt/data. `rstar serve` sets it to data_dir/containers; a separate sandbox service needs the same directory (a shared volume).")
     # --- sessions (chat)
     max_sessions: int = Field(8, description="Persistent sessions kept at once; the least recently used idle one is evicted.")
     session_ttl_s: float = Field(600.0, description="A session idle this long is killed and its state dropped.")

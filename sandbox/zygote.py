@@ -27,6 +27,7 @@ slot serves a call, when spares are asked for, deadlines, exits and sending answ
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -35,7 +36,7 @@ import sys
 import time
 
 from . import harden, procs, protocol
-from .child import Child, prepare_scratch
+from .child import Child, Container, own_container, prepare_scratch
 from .figures import Limits
 from .forker import Exited, Forker, ForkerGone, Spawned
 from .jobs import STATUS_MAX, Job, answer, refusal
@@ -80,9 +81,9 @@ class Zygote:
     def session_uid(self, index: int) -> int | None:
         return self.uid_base + self.slots + index if self.drop_uid else None
 
-    def spawn(self, uid: int | None, scratch: str, persistent: bool, cpu_s: int) -> Child:
+    def spawn(self, uid: int | None, scratch: str, persistent: bool, cpu_s: int, container: Container | None = None) -> Child:
         """A child now: ask the forker and wait for it (handling whatever else the forker reports meanwhile)."""
-        tag = self.forker.request(uid, scratch, persistent, cpu_s)
+        tag = self.forker.request(uid, scratch, persistent, cpu_s, container)
         while tag not in self.arrived:
             self.on_forker(self.forker.wait())
         return self.arrived.pop(tag)
@@ -140,8 +141,10 @@ class Zygote:
             self.loop()
         except ForkerGone as exc:
             print(f"no cell can start: {exc}", file=sys.stderr)  # the pool sees the zygote exit and restarts it
-        for child in [job.child for job in self.busy.values()] + [s.child for s in self.sessions.by_id.values()]:
-            self.destroy(child)
+        for job in self.busy.values():
+            self.destroy(job.child)
+        for session_id in list(self.sessions.by_id):
+            self.close_session(session_id)  # a container's files go back to the zygote's uid
         for child in self.spares.values():
             if child is not None:
                 self.destroy(child)
@@ -208,16 +211,26 @@ class Zygote:
             job = Job(request, child, keep, None, now, self.status_max)
             self.busy[slot] = job
         else:
+            container = self.container_of(request)
+            if container is not None and not os.path.isdir(container.data_dir):
+                self.send(refusal(request["id"], "invalid_input", f"container {request['container']} has no directory in the sandbox's containers_dir"))
+                return
             session = self.sessions.get(session_id)
             new = session is None
             if session is None:
-                session = self.open_session(session_id)
+                session = self.open_session(session_id, container)
                 if session is None:
                     self.send(refusal(request["id"], "queue_timeout", "every session slot is busy"))
                     return
             if session.busy:
                 self.send(refusal(request["id"], "invalid_input", "this session is already running a cell"))
                 return
+            if container is not None:
+                try:
+                    own_container(container.data_dir, session.child.uid)  # files uploaded since its last cell included
+                except OSError as exc:  # deleted meanwhile
+                    self.send(refusal(request["id"], "invalid_input", f"container {request['container']}: {exc}"))
+                    return
             self.streams.discard_pending(session.child)
             job = Job(request, session.child, keep, session_id, now, self.status_max)
             job.session_new = new
@@ -249,7 +262,13 @@ class Zygote:
                     self.spawn_spare(slot)
             self.on_forker(self.forker.wait())
 
-    def open_session(self, session_id: str) -> Session | None:
+    def container_of(self, request: dict) -> Container | None:
+        """The container a run request names (its id was checked against launch's pattern by the pool)."""
+        if request.get("container") is None:
+            return None
+        return Container(f"{self.cfg['containers_root']}/{request['container']}/data", request.get("memory_mb"))
+
+    def open_session(self, session_id: str, container: Container | None = None) -> Session | None:
         if not self.sessions.free_indices:
             victim = self.sessions.least_recently_used_idle()
             if victim is None:
@@ -257,7 +276,7 @@ class Zygote:
             self.close_session(victim)
         index = self.sessions.reserve_index()
         child = self.spawn(self.session_uid(index), f"{self.cfg['scratch_root']}/session{index}", True,
-                           int(self.cfg["session_cpu_s"]))
+                           int(self.cfg["session_cpu_s"]), container)
         return self.sessions.add(session_id, index, child, time.monotonic())
 
     def close_session(self, session_id: str | None) -> None:
@@ -268,6 +287,10 @@ class Zygote:
             self.streams.unwatch(session.job)
         self.destroy(session.child)
         prepare_scratch(session.child.scratch, None)
+        if session.child.container is not None:
+            # Back to the zygote's uid: the next session to get this uid may be another container's.
+            with contextlib.suppress(OSError):  # the server deleted the container meanwhile
+                own_container(session.child.container.data_dir, os.getuid() if self.drop_uid else None)
 
     # ------------------------------------------------------------------------ ends of processes
     def on_exit(self, pid: int, status: int) -> None:
