@@ -43,6 +43,11 @@ class EngineSettings(BaseModel):
         description="Logprobs of the distribution actually sampled from (after temperature/top-p), which is what RL's old-policy ratio needs; vLLM's own default is raw_logprobs.",
     )
     tensor_parallel_size: int = 1
+    max_lora_rank: Literal[0, 8, 16, 32, 64, 128, 256] = Field(
+        0,
+        description="Largest LoRA adapter rank the engine serves (vLLM enable_lora / max_lora_rank); 0: no LoRA. LoRA RL (`lora_rank` in a GRPO "
+        "recipe) needs at least its rank; `rstar rl train` sets it. On CPU vLLM runs a LoRA engine eager (it turns compilation off).",
+    )
     gpu_memory_utilization: float = Field(0.85, description="GPU only: fraction of device memory for weights + KV cache.")
     cpu_kv_cache_gib: int = Field(2, description="CPU only: KV-cache size (VLLM_CPU_KVCACHE_SPACE). 2 GiB holds the default model comfortably.")
     replicas: int = Field(

@@ -108,6 +108,10 @@ class TokenEngine(Protocol):
 
     async def reload_weights(self, weights_dir: str | Path) -> None: ...
 
+    async def load_adapter(self, adapter_dir: str | Path | None) -> None:
+        """Serve base + the LoRA adapter in `adapter_dir` (peft's files) from now on; None: the base alone."""
+        ...
+
     async def shutdown(self) -> None: ...
 
 
@@ -232,6 +236,7 @@ class VllmEngine:
     model_path: str = ""  # the directory (or hub id) it started from
     defaults: EngineDefaults | None = None  # what start-up picked on this machine, and why
     weight_version: int = 0
+    adapter: Any = None  # the LoRARequest every request runs with (load_adapter), or None: the base alone
     _stats: dict = field(default_factory=dict)
     _failed: str | None = None
 
@@ -258,6 +263,9 @@ class VllmEngine:
         # Concurrent seeded requests with long prompts (RL rollouts; any API client sending `seed`) get
         # there within seconds at the default 2048-token step budget. Whole-prompt prefill avoids it.
         whole_prefill = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(settings.max_model_len, 2048)} if current_platform.is_cpu() else {}
+        # Two adapter slots: requests still running on an adapter's previous version and new ones on its next may
+        # share a batch while a sync switches them.
+        lora = {"enable_lora": True, "max_lora_rank": settings.max_lora_rank, "max_loras": 2} if settings.max_lora_rank else {}
         args = AsyncEngineArgs(
             model=str(model_dir),
             served_model_name=[served_model_name] if served_model_name else None,
@@ -277,6 +285,7 @@ class VllmEngine:
             disable_log_stats=True,
             worker_extension_cls=f"{WeightReloadExtension.__module__}.{WeightReloadExtension.__qualname__}",
             **whole_prefill,
+            **lora,
             **({"compilation_config": compilation} if compilation else {}),
         )
         holder: dict = {}
@@ -334,7 +343,7 @@ class VllmEngine:
         request_id = request_id or uuid.uuid4().hex
         finished = started = False
         try:
-            stream = self.llm.generate(_engine_prompt(prompt_ids), self._sampling_params(options), request_id)
+            stream = self.llm.generate(_engine_prompt(prompt_ids), self._sampling_params(options), request_id, lora_request=self.adapter)
             async with contextlib.aclosing(stream):
                 async for output in stream:
                     started = True
@@ -371,7 +380,7 @@ class VllmEngine:
             raise EngineFailed(failure)
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
         final = None
-        async for output in self.llm.generate(_engine_prompt(token_ids), params, f"prompt-logprobs-{uuid.uuid4().hex}"):
+        async for output in self.llm.generate(_engine_prompt(token_ids), params, f"prompt-logprobs-{uuid.uuid4().hex}", lora_request=self.adapter):
             final = output
         # Position 0 has no logprob; each later entry holds the actual token's (rank-0 asked: it alone).
         return [step[token].logprob for token, step in zip(token_ids[1:], final.prompt_logprobs[1:])]
@@ -420,6 +429,37 @@ class VllmEngine:
             raise EngineFailed(self._failed) from exc
         # Cached KV blocks were computed with the old weights.
         await self.reset_prefix_cache()
+        self.weight_version += 1
+
+    async def load_adapter(self, adapter_dir: str | Path | None) -> None:
+        """Serve base + the LoRA adapter in `adapter_dir` (adapter_config.json and adapter_model.safetensors, as
+        peft writes them) to every request from now on, and bump the weight version; None: the base alone.
+
+        Each version is a new adapter to vLLM (name and id from the weight version): vLLM loads an id's files
+        once and caches them, so reusing an id would keep serving the old factors. The previous version is then
+        removed. Its cached KV blocks need no reset: vLLM's prefix-cache keys include the adapter's name.
+        """
+        from vllm.lora.request import LoRARequest
+
+        lora_config = self.llm.vllm_config.lora_config
+        if adapter_dir is not None and lora_config is None:
+            raise ValueError(f"this engine was started without LoRA, so it cannot serve the adapter in {adapter_dir}: start it with the engine setting "
+                             f"max_lora_rank (RSTAR_ENGINE__MAX_LORA_RANK) at least the adapter's rank")
+        previous = self.adapter
+        if adapter_dir is None:
+            self.adapter = None
+        else:
+            version = self.weight_version + 1
+            request = LoRARequest(f"rstar-adapter-v{version}", version, str(adapter_dir))
+            try:
+                loaded = await self.llm.add_lora(request)
+            except Exception as exc:  # a bad file leaves the previous adapter serving: nothing half-loaded
+                raise EngineFailed(f"loading the LoRA adapter in {adapter_dir} failed: {exc}") from exc
+            if not loaded:
+                raise EngineFailed(f"vLLM did not load the LoRA adapter in {adapter_dir}")
+            self.adapter = request
+        if previous is not None:
+            await self.llm.remove_lora(previous.lora_int_id)
         self.weight_version += 1
 
     async def reset_prefix_cache(self) -> None:
