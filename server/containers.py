@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import secrets
 import shutil
+import stat
 import threading
 import time
 from pathlib import Path
@@ -70,7 +72,7 @@ class ContainerStore:
             meta = {"id": new_id("cntr"), "owner": owner, "name": request.name, "created_at": now, "last_active_at": now,
                     "expires_after": request.expires_after.model_dump(), "memory_limit": request.memory_limit, "files": {},
                     "created_ns": time.time_ns()}  # fmt: skip; created_ns: the list's order, finer than created_at's seconds
-            (self.root / meta["id"] / "data").mkdir(parents=True)
+            (self.root / meta["id"] / "data").mkdir(parents=True, mode=0o700)  # the sandbox gives it to a cell's uid only
             self._write(meta)
         return _container(meta)
 
@@ -138,12 +140,25 @@ class ContainerStore:
                 self._write(meta)
         return sorted((ContainerFile(container_id=container_id, **f) for f in meta["files"].values()), key=lambda f: (f.created_at, f.path))
 
-    def file(self, container_id: str, file_id: str, owner: str | None) -> tuple[ContainerFile, Path]:
-        """The file's record and where its bytes are."""
+    def file(self, container_id: str, file_id: str, owner: str | None) -> ContainerFile:
         found = next((f for f in self.list_files(container_id, owner) if f.id == file_id), None)
         if found is None:
             raise not_found("file", file_id)
-        return found, self.root / container_id / "data" / found.path.removeprefix("/mnt/data/")
+        return found
+
+    def open_file(self, container_id: str, file_id: str, owner: str | None) -> tuple[ContainerFile, BinaryIO]:
+        """The file's record and its bytes, opened as a regular file only: code in the container may have put a
+        symlink (to a file of this host, outside the sandbox) or a FIFO in its place since it was listed."""
+        record = self.file(container_id, file_id, owner)
+        path = self.root / container_id / "data" / record.path.removeprefix("/mnt/data/")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            raise not_found("file", file_id) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise not_found("file", file_id)
+        return record, os.fdopen(fd, "rb")
 
     def delete_file(self, container_id: str, file_id: str, owner: str | None) -> None:
         with self._lock:
@@ -183,19 +198,20 @@ class ContainerStore:
     def _record_written(self, meta: dict) -> bool:
         """Record the files code wrote into `data/` (and forget those it removed); True when anything changed."""
         data = self.root / meta["id"] / "data"
-        on_disk = {p.name: p for p in data.iterdir() if p.is_file() and not p.name.startswith(".")}
+        # Regular files only: a symlink code made would point outside the sandbox once the server follows it.
+        on_disk = {e.name: Path(e.path) for e in os.scandir(data) if e.is_file(follow_symlinks=False) and not e.name.startswith(".")}
         known = {f["path"].removeprefix("/mnt/data/"): i for i, f in meta["files"].items()}
         changed = False
         for name, file_id in known.items():
             if name not in on_disk:
                 del meta["files"][file_id]
                 changed = True
-            elif meta["files"][file_id]["bytes"] != (size := on_disk[name].stat().st_size):
+            elif meta["files"][file_id]["bytes"] != (size := on_disk[name].lstat().st_size):
                 meta["files"][file_id]["bytes"] = size
                 changed = True
         for name in on_disk.keys() - known.keys():
-            stat = on_disk[name].stat()
-            record = {"id": new_id("cfile"), "created_at": int(stat.st_mtime), "bytes": stat.st_size, "path": f"/mnt/data/{name}", "source": "assistant"}
+            found = on_disk[name].lstat()
+            record = {"id": new_id("cfile"), "created_at": int(found.st_mtime), "bytes": found.st_size, "path": f"/mnt/data/{name}", "source": "assistant"}
             meta["files"][record["id"]] = record
             changed = True
         return changed

@@ -8,9 +8,12 @@ async only to parse the multipart body, and writes the file in a thread.
 from __future__ import annotations
 
 import asyncio
+import os
+from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
@@ -65,13 +68,17 @@ def list_files(container_id: str, request: Request, limit: int = Query(20, ge=1,
 
 @router.get("/{container_id}/files/{file_id}")
 def retrieve_file(container_id: str, file_id: str, request: Request) -> ContainerFile:
-    return _store(request).file(container_id, file_id, key_owner(request))[0]
+    return _store(request).file(container_id, file_id, key_owner(request))
 
 
 @router.get("/{container_id}/files/{file_id}/content")
-def file_content(container_id: str, file_id: str, request: Request) -> FileResponse:
-    record, path = _store(request).file(container_id, file_id, key_owner(request))
-    return FileResponse(path, filename=record.path.rsplit("/", 1)[-1])
+def file_content(container_id: str, file_id: str, request: Request) -> StreamingResponse:
+    record, content = _store(request).open_file(container_id, file_id, key_owner(request))
+    headers = {"content-disposition": f"attachment; filename*=utf-8''{quote(record.path.rsplit('/', 1)[-1])}",
+               "content-length": str(os.fstat(content.fileno()).st_size)}
+    # A sync iterator: Starlette reads it in its thread pool, off the event loop.
+    return StreamingResponse(iter(lambda: content.read(1 << 16), b""), media_type="application/octet-stream", headers=headers,
+                             background=BackgroundTask(content.close))
 
 
 @router.delete("/{container_id}/files/{file_id}")

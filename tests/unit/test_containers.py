@@ -159,3 +159,21 @@ def test_uploads_are_bounded_while_copied(tmp_path):
     with pytest.raises(APIError):
         store.add_file(cid, None, "f", io.BytesIO(b"123456"))
     assert store.add_file(cid, None, "f", io.BytesIO(b"12345")).bytes == 5
+
+
+def test_a_symlink_or_fifo_code_leaves_in_the_data_dir_is_neither_listed_nor_served(client, tmp_path, monkeypatch):
+    import os
+
+    container = client.containers.create(name="c")
+    data = tmp_path / "containers" / container.id / "data"
+    os.symlink("/etc/hostname", data / "host.txt")
+    os.mkfifo(data / "pipe")
+    assert list(client.containers.files.list(container.id)) == []
+    # Listed as a regular file, then swapped for a symlink before its bytes are read: not served.
+    listed = client.containers.files.create(container.id, file=("swap.txt", b"mine"))
+    (data / "swap.txt").unlink()
+    os.symlink("/etc/hostname", data / "swap.txt")
+    store: ContainerStore = client._client.app.state.containers
+    monkeypatch.setattr(store, "file", lambda *_: listed)
+    with pytest.raises(openai.NotFoundError):
+        client.containers.files.content.retrieve(listed.id, container_id=container.id)
