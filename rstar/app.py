@@ -53,7 +53,7 @@ def build_app(
     app = FastAPI(title="rstar", version=rstar.__version__, lifespan=lifespan)
     app.state.settings = settings
     install_error_handlers(app)
-    app.state.containers = ContainerStore(settings.data_dir / "containers", settings.containers)
+    app.state.containers = ContainerStore(settings.containers_dir, settings.containers)
     # An upload carries one file under its cap plus the multipart framing around it.
     app.add_middleware(BodySizeLimit, max_bytes=settings.api.max_body_bytes, upload_bytes=settings.containers.max_file_bytes + 64 * 1024)
     app.add_middleware(RequestCounter, metrics=lambda: getattr(app.state, "serving", None) and app.state.serving.metrics)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rstar.sandbox.settings import SandboxSettings
@@ -185,6 +185,17 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return self.cache_dir / "models"
+
+    @model_validator(mode="after")
+    def _containers_in_data_dir(self):
+        # One directory for the API's container store and the sandbox's cells: the in-process pool is told where it is.
+        if self.sandbox.containers_dir is None:
+            self.sandbox.containers_dir = str(self.data_dir / "containers")
+        return self
+
+    @property
+    def containers_dir(self) -> Path:
+        return Path(self.sandbox.containers_dir)
 
 
 # Settings never printed: by their dotted path.
