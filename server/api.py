@@ -97,7 +97,8 @@ async def completions(body: CompletionRequest, request: Request):
 @router.post("/v1/responses", dependencies=API_KEY)
 async def responses(body: ResponsesRequest, request: Request):
     service: ResponsesService = request.app.state.responses
-    return await _answer(request, body, service.stream, service.create)
+    scope = {"containers": request.app.state.containers, "owner": key_owner(request)}
+    return await _answer(request, body, functools.partial(service.stream, **scope), functools.partial(service.create, **scope))
 
 
 @router.post("/tokenize", dependencies=API_KEY)

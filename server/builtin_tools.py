@@ -93,7 +93,15 @@ class SandboxExecutor:
     def __init__(self, client: SandboxClient, timeout_s: float | None = None, cells: int | None = None):
         self.client = client
         self.timeout_s = timeout_s  # None: the sandbox's default
+        self.container_id: str | None = None
+        self.memory_mb: int | None = None
         self._cells = asyncio.Semaphore(cells) if cells is not None else contextlib.nullcontext()
+
+    def in_container(self, container_id: str, memory_mb: int) -> "SandboxExecutor":
+        """The same sandbox and share of it, running every cell in that container's interpreter and directory."""
+        executor = copy.copy(self)
+        executor.container_id, executor.memory_mb = container_id, memory_mb
+        return executor
 
     def with_timeout(self, timeout_s: float | None) -> "SandboxExecutor":
         """The same sandbox and share of it with another limit per execution (a request's `tool_timeout`)."""
@@ -103,7 +111,10 @@ class SandboxExecutor:
 
     async def execute(self, tool: str, code: str, stdin: str, replay: Sequence[str], protocol: ToolProtocol = "improved") -> RunResult:
         stdin_or_none = None if tool == JUPYTER_TOOL else stdin
-        request = RunRequest(tool=tool, code=code, input=stdin_or_none, history=list(replay), timeout_s=self.timeout_s, protocol=protocol)
+        # A container's interpreter keeps its globals: earlier cells are already run there, not replayed.
+        history = [] if self.container_id else list(replay)
+        request = RunRequest(tool=tool, code=code, input=stdin_or_none, history=history, timeout_s=self.timeout_s, protocol=protocol,
+                             container_id=self.container_id, memory_mb=self.memory_mb)
         async with self._cells:
             return await self.client.run(request)
 

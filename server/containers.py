@@ -88,13 +88,13 @@ class ContainerStore:
             self._meta(container_id, owner)
             shutil.rmtree(self.root / container_id, ignore_errors=True)
 
-    def data_dir(self, container_id: str, owner: str | None) -> Path:
-        """The directory a cell in this container works in; using it counts as activity."""
+    def use(self, container_id: str, owner: str | None) -> Container:
+        """The container a request's cells will run in; using it counts as activity."""
         with self._lock:
             meta = self._meta(container_id, owner)
             meta["last_active_at"] = int(time.time())
             self._write(meta)
-        return self.root / container_id / "data"
+        return _container(meta)
 
     def purge_expired(self, now: float | None = None) -> int:
         now = time.time() if now is None else now
@@ -221,6 +221,11 @@ class ContainerStore:
         partial = path.with_suffix(".part")
         partial.write_text(json.dumps(meta))
         partial.replace(path)  # a reader never sees half a record
+
+
+def memory_mb(limit: MemoryLimit) -> int:
+    """A memory_limit ("4g") in MB: what the container's cells may map beyond the sandbox's warm image."""
+    return int(limit.removesuffix("g")) * 1024
 
 
 def _container(meta: dict) -> Container:

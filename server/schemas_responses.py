@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rstar.server.schemas import AgentOptions, NamedToolChoice, SamplingFields
+from rstar.server.schemas_containers import MemoryLimit
 
 
 class InputText(BaseModel):
@@ -58,13 +59,22 @@ class FunctionTool(BaseModel):
     parameters: dict[str, Any] | None = None
 
 
+class AutoContainer(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["auto"] = "auto"
+    file_ids: list[str] = Field(default_factory=list)
+    memory_limit: MemoryLimit | None = None
+
+
 class CodeInterpreterTool(BaseModel):
-    """OpenAI's server-side code tool; here it is the built-in Python tool in the sandbox."""
+    """OpenAI's server-side code tool; here it is the built-in Python tool in the sandbox. A container id runs
+    the cells in that container (docs/api.md); `auto` runs each cell in a fresh process, as before."""
 
     model_config = ConfigDict(extra="ignore")
 
     type: Literal["code_interpreter"]
-    container: Any = None
+    container: str | AutoContainer = Field(default_factory=AutoContainer)
 
 
 class ResponsesRequest(AgentOptions, SamplingFields):
@@ -103,6 +113,13 @@ class ResponsesRequest(AgentOptions, SamplingFields):
     @property
     def code_interpreter(self) -> bool:
         return any(isinstance(tool, CodeInterpreterTool) for tool in self.tools)
+
+    def named_container(self) -> tuple[str, str] | None:
+        """(the container id the code_interpreter tool names, the field that names it), or None."""
+        for i, tool in enumerate(self.tools):
+            if isinstance(tool, CodeInterpreterTool) and isinstance(tool.container, str):
+                return tool.container, f"tools.{i}.container"
+        return None
 
     def chat_messages(self) -> list[dict]:
         """The input as chat messages for the template: instructions first, tool calls and outputs paired."""

@@ -9,6 +9,7 @@ builder and returns its final response, so both agree by construction.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rstar.server.agent_loop import TokensSampled
+from rstar.server.containers import ContainerStore, memory_mb
 from rstar.server.errors import APIError
 from rstar.server.limits import AdmittedStream
 from rstar.server.schemas import CodeCell
@@ -200,7 +202,7 @@ class _ResponseBuilder:
 
 
 class ResponsesService(AgentServing):
-    async def plan_request(self, request: ResponsesRequest) -> AgentPlan:
+    async def plan_request(self, request: ResponsesRequest, containers: ContainerStore, owner: str | None) -> AgentPlan:
         self.serving.check_model(request.model)
         functions = [
             {"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)} for tool in request.tools if isinstance(tool, FunctionTool)
@@ -209,11 +211,19 @@ class ResponsesService(AgentServing):
         # The built-in tool is OpenAI's code_interpreter here: offered when the request lists it.
         builtin = request.code_interpreter and request.builtin_tools
         prompt = await self.prompt(request.chat_messages(), functions, choice, builtin, request.chat_template, request.chat_template_kwargs)
-        return self.plan(prompt, request)
+        plan = self.plan(prompt, request)
+        if (named := request.named_container()) is not None:
+            container_id, field = named
+            try:
+                container = await asyncio.to_thread(containers.use, container_id, owner)
+            except APIError as refused:  # unknown, expired or another key's: the field that named it
+                raise APIError(refused.status, refused.message, field, refused.code) from None
+            plan.executor = plan.executor.in_container(container.id, memory_mb(container.memory_limit))
+        return plan
 
     async def _events(self, request: ResponsesRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[dict]:
         response_id = _item_id("resp")
-        builder = _ResponseBuilder(request, response_id, container_id=_item_id("cntr"))
+        builder = _ResponseBuilder(request, response_id, container_id=plan.executor.container_id or _item_id("cntr"))
         for event in builder.start():
             yield event
         answers = self.run_choices(plan, response_id, received_at)
@@ -227,8 +237,8 @@ class ResponsesService(AgentServing):
                     for event in builder.finish(answer, plan.prompt_len):
                         yield event
 
-    async def create(self, request: ResponsesRequest, received_at: float) -> dict:
-        plan = await self.plan_request(request)
+    async def create(self, request: ResponsesRequest, received_at: float, containers: ContainerStore, owner: str | None) -> dict:
+        plan = await self.plan_request(request, containers, owner)
         final = None
         async with self.serving.admission.slots(1), contextlib.aclosing(self._events(request, plan, received_at)) as events:
             async for event in events:
@@ -237,8 +247,8 @@ class ResponsesService(AgentServing):
             raise APIError(500, "the response ended without a result")
         return final["response"]
 
-    async def stream(self, request: ResponsesRequest, received_at: float) -> AdmittedStream:
-        plan = await self.plan_request(request)
+    async def stream(self, request: ResponsesRequest, received_at: float, containers: ContainerStore, owner: str | None) -> AdmittedStream:
+        plan = await self.plan_request(request, containers, owner)
         return await self.admitted_stream(1, self._sse(request, plan, received_at))
 
     async def _sse(self, request: ResponsesRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[str]:

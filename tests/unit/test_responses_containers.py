@@ -1,0 +1,37 @@
+"""The Responses code_interpreter tool on a container (issue 26): its cells are sent to the sandbox in that
+container with its memory cap, the calls name it, and a container that is unknown or another key's is a 404
+naming the field; on the scripted engine and sandbox."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.unit.api_server import TOOL_TURNS, make_server  # noqa: F401 (fixture)
+
+
+def test_cells_run_in_the_named_container_with_its_memory_limit(make_server):
+    client, http, _, _ = make_server(replies=TOOL_TURNS, api_key="key-a")
+    container = client.containers.create(name="c", memory_limit="4g")
+    response = client.responses.create(model="scripted", input="What is 6*7?", tools=[{"type": "code_interpreter", "container": container.id}])
+    calls = [item for item in response.output if item.type == "code_interpreter_call"]
+    assert [call.container_id for call in calls] == [container.id]
+    sent = http.app.state.serving.sandbox.requests
+    assert [(r.container_id, r.memory_mb, r.history) for r in sent] == [(container.id, 4096, [])]
+
+
+def test_without_a_container_cells_run_alone(make_server):
+    client, http, _, _ = make_server(replies=TOOL_TURNS)
+    client.responses.create(model="scripted", input="What is 6*7?", tools=[{"type": "code_interpreter", "container": {"type": "auto"}}])
+    assert [r.container_id for r in http.app.state.serving.sandbox.requests] == [None]
+
+
+@pytest.mark.parametrize("whose", ["unknown", "another key's"])
+def test_an_unknown_or_another_key_s_container_is_a_404_naming_the_field(make_server, whose):
+    owner, _, _, _ = make_server(api_key="key-a")
+    container_id = owner.containers.create(name="mine").id if whose == "another key's" else "cntr_" + "0" * 32
+    client, http, _, _ = make_server(replies=TOOL_TURNS, api_key="key-b")
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.responses.create(model="scripted", input="hi", tools=[{"type": "function", "name": "f"}, {"type": "code_interpreter", "container": container_id}])
+    assert refused.value.body["param"] == "tools.1.container" and container_id in refused.value.message
+    assert http.app.state.serving.sandbox.requests == []
