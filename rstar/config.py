@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from rstar.sandbox.settings import SandboxSettings
 from rstar.sandbox.tools import ToolProtocol
 from rstar.server.routing import Policy
+from rstar.server.schemas_containers import MemoryLimit
 
 DEFAULT_MODEL = "default"
 
@@ -131,7 +132,7 @@ class ContainerSettings(BaseModel):
     max_files: int = Field(100, ge=1, description="Files one container may hold, uploaded and written by code together.")
     max_bytes: int = Field(200 * 2**20, ge=1, description="Bytes of files one container may hold (413 past it).")
     max_per_key: int = Field(20, ge=1, description="Live containers one API key (or, without one, the server) may have at once (429 past it).")
-    max_memory_limit: Literal["1g", "4g", "16g", "64g"] = Field("4g", description="Largest memory_limit a container may ask for (400 past it).")
+    max_memory_limit: MemoryLimit = Field("4g", description="Largest memory_limit a container may ask for (400 past it).")
 
 
 class Settings(BaseSettings):
