@@ -7,6 +7,7 @@ from __future__ import annotations
 import openai
 import pytest
 
+from tests.scripted_engine import call
 from tests.unit.api_server import TOOL_TURNS, make_server  # noqa: F401 (fixture)
 
 
@@ -35,3 +36,24 @@ def test_an_unknown_or_another_key_s_container_is_a_404_naming_the_field(make_se
         client.responses.create(model="scripted", input="hi", tools=[{"type": "function", "name": "f"}, {"type": "code_interpreter", "container": container_id}])
     assert refused.value.body["param"] == "tools.1.container" and container_id in refused.value.message
     assert http.app.state.serving.sandbox.requests == []
+
+
+CSV_CODE = ("import csv\nrows = list(csv.DictReader(open('/mnt/data/sales.csv')))\ntotal = sum(int(r['amount']) for r in rows)\n"
+            "open('/mnt/data/total.txt', 'w').write(f'{total}\\n')\nprint(total)")
+
+
+def test_on_the_real_sandbox_the_code_reads_the_upload_and_its_file_downloads_as_written(make_server, tmp_path):
+    from rstar.sandbox.clients import LocalClient
+    from rstar.sandbox.settings import SandboxSettings
+
+    sandbox = LocalClient(SandboxSettings(workers=1, spare_cells=1, max_sessions=2, uid_base=62100, containers_dir=str(tmp_path / "containers")))
+    replies = ("<reason>Sum it.</reason>\n" + call(CSV_CODE), "The total is 42.")
+    client, _, _, _ = make_server(replies=replies, sandbox=sandbox, api_key="key-a")
+    container = client.containers.create(name="sales")
+    client.containers.files.create(container.id, file=("sales.csv", b"amount\n30\n12\n"))
+    response = client.responses.create(model="scripted", input="Total?", tools=[{"type": "code_interpreter", "container": container.id}])
+    cell = next(item for item in response.output if item.type == "code_interpreter_call")
+    assert (cell.status, cell.outputs[0].logs, cell.container_id) == ("completed", "42\n", container.id), cell
+    files = {f.path: f for f in client.containers.files.list(container.id)}
+    assert (files["/mnt/data/sales.csv"].source, files["/mnt/data/total.txt"].source) == ("user", "assistant")
+    assert client.containers.files.content.retrieve(files["/mnt/data/total.txt"].id, container_id=container.id).read() == b"42\n"
