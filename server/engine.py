@@ -104,6 +104,11 @@ class TokenEngine(Protocol):
         """Logprob of each token after the first given the ones before it (RL's weight-sync probe)."""
         ...
 
+    async def replica_prompt_logprobs(self, token_ids: Sequence[int]) -> dict[int, list[float]]:
+        """`prompt_logprobs` from every replica serving, by replica index (one engine: {0: ...}), so the weight-sync
+        probe checks each replica."""
+        ...
+
     def stats(self) -> EngineStats: ...
 
     async def reload_weights(self, weights_dir: str | Path) -> None: ...
@@ -384,6 +389,9 @@ class VllmEngine:
             final = output
         # Position 0 has no logprob; each later entry holds the actual token's (rank-0 asked: it alone).
         return [step[token].logprob for token, step in zip(token_ids[1:], final.prompt_logprobs[1:])]
+
+    async def replica_prompt_logprobs(self, token_ids: Sequence[int]) -> dict[int, list[float]]:
+        return {0: await self.prompt_logprobs(token_ids)}
 
     def failure(self) -> str | None:
         """Why the engine cannot serve, or None: a failed reload, a shutdown, or a dead EngineCore (a worker

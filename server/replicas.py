@@ -93,6 +93,7 @@ class ReplicaSlot:
     reserved_tokens: int = 0  # tokens the generations in flight here may still write (their max_tokens, less output)
     failure: str | None = None  # why it is out, while it is
     epoch: int = 0  # bumped at each loss, so work from before the loss does not count against the new replica
+    weight_version: int = 0  # the router's weight version this replica loaded last (0: the weights it started with)
 
     def kv_free_tokens(self) -> int:
         if self.stats is None:
@@ -115,6 +116,7 @@ class ReplicaSlot:
             "kv_cache_usage": stats.kv_cache_usage if stats else None,
             "kv_free_tokens": self.kv_free_tokens() if stats else None,
             "kv_capacity_tokens": stats.kv_capacity_tokens if stats else None,
+            "weight_version": self.weight_version,
             "failure": self.failure,
         }
 
@@ -154,7 +156,7 @@ class ReplicatedEngine:
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     _waiting: int = 0  # requests waiting at the router for a replica with room
     _placement: dict[str, int] = field(default_factory=dict)  # request id -> slot, for abort
-    _weights_dir: str | None = None  # the latest reload, which restarted replicas load too
+    _weights: tuple[str, int] | None = None  # the latest reload (its directory, its version), which restarted replicas load too
     _tasks: set[asyncio.Task] = field(default_factory=set)
     _closed: bool = False
     on_shutdown: Callable[[], Awaitable[None]] | None = None  # releases what the replicas ran on (the Ray connection)
@@ -281,8 +283,9 @@ class ReplicatedEngine:
             replica = self.new_replica(index)
             try:
                 await replica.start()
-                if self._weights_dir is not None:
-                    await replica.reload_weights(self._weights_dir)
+                weights = self._weights
+                if weights is not None:
+                    await replica.reload_weights(weights[0])
             except Exception as exc:
                 log.error("engine replica %d did not restart (%s); trying again in %.0f s", index, exc, delay)
                 with contextlib.suppress(Exception):
@@ -295,6 +298,7 @@ class ReplicatedEngine:
                 return
             slot = self._slots[index]
             slot.replica, slot.healthy, slot.failure = replica, True, None
+            slot.weight_version = weights[1] if weights is not None else 0
             slot.restarts += 1
             await self._sample(index)
             log.info("engine replica %d is back (restart %d)", index, slot.restarts)
@@ -364,25 +368,42 @@ class ReplicatedEngine:
 
     # --- every replica ---------------------------------------------------------------------------------
 
+    async def _on_every_replica(self, call: Callable[[Replica], Awaitable[Any]], doing: str) -> dict[int, Any]:
+        """`call` on every healthy replica at once: each one's result by slot. A replica lost meanwhile is taken out
+        (and restarts); any other error is raised. EngineFailed when no replica is healthy to do it."""
+        leases = [Lease(i, slot.replica, slot.epoch) for i, slot in enumerate(self._slots) if slot.healthy]
+        if not leases:
+            raise EngineFailed(f"no engine replica is healthy to {doing}")
+        results = await asyncio.gather(*(call(lease.replica) for lease in leases), return_exceptions=True)
+        done = {}
+        for lease, result in zip(leases, results):
+            if isinstance(result, REPLICA_LOST):
+                await self._lose(lease, result)
+            elif isinstance(result, BaseException):
+                raise result
+            elif self._slots[lease.index].epoch == lease.epoch:
+                done[lease.index] = result
+        return done
+
     async def reload_weights(self, weights_dir: str | Path) -> None:
         """New weights on every replica; one that fails to load is lost and restarts with them. Replicas restarting
         meanwhile load them once up, so every replica serving afterwards runs `weight_version`."""
         weights_dir = Path(weights_dir)
         if not any(weights_dir.glob("*.safetensors")):
             raise FileNotFoundError(f"no *.safetensors files in {weights_dir}")
-        self._weights_dir = str(weights_dir)
-        leases = [Lease(i, slot.replica, slot.epoch) for i, slot in enumerate(self._slots) if slot.healthy]
-        if not leases:
-            raise EngineFailed("no engine replica is healthy to reload weights into; they will load them when they restart")
-        results = await asyncio.gather(*(lease.replica.reload_weights(self._weights_dir) for lease in leases), return_exceptions=True)
-        for lease, result in zip(leases, results):
-            if isinstance(result, REPLICA_LOST):
-                await self._lose(lease, result)
-            elif isinstance(result, BaseException):
-                raise result
+        version = self.weight_version + 1
+        self._weights = (str(weights_dir), version)
+        loaded = await self._on_every_replica(lambda replica: replica.reload_weights(str(weights_dir)), "reload weights into; they load them when they restart")
+        for index in loaded:
+            self._slots[index].weight_version = version
         for i in range(self.router.replicas):
             self.router.forget(i)  # their prefix caches were reset with the new weights
-        self.weight_version += 1
+        self.weight_version = version
+
+    async def replica_prompt_logprobs(self, token_ids: Sequence[int]) -> dict[int, list[float]]:
+        """Every healthy replica's `prompt_logprobs` of `token_ids`, by slot: the weight-sync probe checks each
+        replica, where `prompt_logprobs` asks the one the router picks."""
+        return await self._on_every_replica(lambda replica: replica.prompt_logprobs(token_ids), "probe; they are restarting")
 
     async def reset_prefix_cache(self) -> None:
         await asyncio.gather(*(slot.replica.reset_prefix_cache() for slot in self._slots if slot.healthy))

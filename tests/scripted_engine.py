@@ -102,6 +102,14 @@ class ScriptedEngine:
             unfinished=running, running=running, waiting=0, kv_cache_usage=0.0, weight_version=self.weight_version, kv_capacity_tokens=self.kv_capacity_tokens
         )
 
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """A logprob per token after the first that each reload moves (-1 at weight version 0, -2 at 1, ...), so a
+        replica left on old weights reads differently."""
+        return [-1.0 - self.weight_version] * (len(token_ids) - 1)
+
+    async def replica_prompt_logprobs(self, token_ids: Sequence[int]) -> dict[int, list[float]]:
+        return {0: await self.prompt_logprobs(token_ids)}
+
     async def reload_weights(self, weights_dir: str | Path) -> None:
         self.weight_version += 1
 

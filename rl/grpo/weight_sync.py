@@ -5,7 +5,8 @@ On vLLM CPU, `load_weights` after start-up fails (its kernels repack parameters)
 one safetensors file into shared memory (`/dev/shm`, no disk) and the engine reloads from it in place,
 bumps its weight version and drops its prefix cache (`VllmEngine.reload_weights`).
 
-A probe then reads the engine's logprobs of a fixed token sequence and the trainer's, and checks two things; a
+A probe then reads the engine's logprobs of a fixed token sequence and the trainer's, and checks two things on
+every engine replica (`--replicas N`: each reloads, and any one left on stale weights would feed the batch); a
 failed check stops the run loudly (a run that trains on against stale weights is lost without anyone seeing why):
 
 - the gap: engine and trainer agree within the dtype's noise (weights loaded wrong show far above it);
@@ -72,10 +73,11 @@ class SyncReport:
     seconds: float  # write + reload, what the goal counts
     write_s: float
     reload_s: float
-    probe_gap: float  # mean |engine logprob - trainer logprob| over the probe tokens
+    probe_gap: float  # mean |engine logprob - trainer logprob| over the probe tokens (the largest over replicas)
     weight_version: int
     probe_change: float | None = None  # mean |trainer change| since the last sync (None at the first)
-    probe_followed: float | None = None  # slope of the engine's change on the trainer's (None: too small a change to tell)
+    probe_followed: float | None = None  # slope of the engine's change on the trainer's (the least over replicas; None: too small a change to tell)
+    probe_replicas: int = 1  # engine replicas probed: every healthy one
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ class WeightSync:
         self.policy = policy
         self.probe_ids = list(probe_ids)
         self.tolerance = tolerance
-        self.last: ProbeReading | None = None  # the previous sync's reading, to check the next one followed
+        self.last: dict[int, ProbeReading] = {}  # the previous sync's reading of each replica, to check the next one followed
         self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(engine_dtype, torch.float32)
         base = Path("/dev/shm") if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
         remove_orphaned_weights(base)
@@ -123,27 +125,34 @@ class WeightSync:
         written = time.perf_counter()
         await self.engine.reload_weights(self._dir.name)
         reloaded = time.perf_counter()
-        reading = await self.probe()
-        change, slope = followed(self.last, reading) if self.last is not None else (None, None)
-        report = SyncReport(reloaded - started, written - started, reloaded - written, reading.gap, self.engine.weight_version, change, slope)
-        if reading.gap > self.tolerance:
-            raise WeightSyncFailed(
-                f"weight-sync probe: after loading weight version {report.weight_version}, the engine's logprobs differ from the trainer's by "
-                f"{reading.gap:.4f} on average (tolerance {self.tolerance}): the engine is not serving the trained weights"
-            )
-        if slope is not None and slope < MIN_FOLLOWED:
-            raise WeightSyncFailed(
-                f"weight-sync probe: after loading weight version {report.weight_version}, the engine's logprobs moved {slope:.2f} of the way "
-                f"the trainer's did since the last sync (a mean change of {change:.4f}; at least {MIN_FOLLOWED} expected): the engine kept stale weights"
-            )
-        self.last = reading
-        return report
+        readings = await self.probe()
+        version = self.engine.weight_version
+        change, slopes = None, []
+        for replica, reading in readings.items():
+            engine = "the engine" if len(readings) == 1 else f"engine replica {replica}"
+            if reading.gap > self.tolerance:
+                raise WeightSyncFailed(
+                    f"weight-sync probe: after loading weight version {version}, {engine}'s logprobs differ from the trainer's by "
+                    f"{reading.gap:.4f} on average (tolerance {self.tolerance}): {engine} is not serving the trained weights"
+                )
+            change, slope = followed(self.last[replica], reading) if replica in self.last else (change, None)
+            if slope is not None and slope < MIN_FOLLOWED:
+                raise WeightSyncFailed(
+                    f"weight-sync probe: after loading weight version {version}, {engine}'s logprobs moved {slope:.2f} of the way "
+                    f"the trainer's did since the last sync (a mean change of {change:.4f}; at least {MIN_FOLLOWED} expected): {engine} kept stale weights"
+                )
+            slopes += [slope] if slope is not None else []
+        self.last = readings
+        return SyncReport(reloaded - started, written - started, reloaded - written, max(r.gap for r in readings.values()), version, change,
+                          min(slopes, default=None), len(readings))
 
-    async def probe(self) -> ProbeReading:
-        engine_logprobs = torch.tensor(await self.engine.prompt_logprobs(self.probe_ids))
+    async def probe(self) -> dict[int, ProbeReading]:
+        """Every engine replica's logprobs of the probe sequence (by replica index), each beside the trainer's."""
+        served = await self.engine.replica_prompt_logprobs(self.probe_ids)
         row = pack([Tree(self.probe_ids[:1], [Branch(self.probe_ids[1:], [1] * (len(self.probe_ids) - 1))])], len(self.probe_ids))[0]
         trainer_logprobs = await asyncio.get_running_loop().run_in_executor(self.torch_thread, self.policy.no_grad_logprobs, row)
-        return ProbeReading(engine_logprobs.float(), trainer_logprobs.detach().cpu().float())
+        trainer = trainer_logprobs.detach().cpu().float()
+        return {replica: ProbeReading(torch.tensor(logprobs).float(), trainer) for replica, logprobs in served.items()}
 
     def close(self) -> None:
         self._dir.cleanup()

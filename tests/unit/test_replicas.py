@@ -213,21 +213,45 @@ def test_with_every_replica_down_requests_fail_naming_each(default_tokenizer):
 
 
 def test_weights_reload_on_every_replica_and_a_restarted_one_loads_them_too(default_tokenizer, tmp_path):
+    """Each replica reports the weight version it loaded and answers the probe itself (the weight-sync probe
+    reads every replica, not the one the router would pick)."""
     (tmp_path / "model.safetensors").write_bytes(b"")
 
     async def go():
         factory = ScriptedReplicas(default_tokenizer)
         engine = await replicated(factory)
         await answer(engine, list(range(64)))
+        before = [r["weight_version"] for r in engine.replicas()]
         await engine.reload_weights(tmp_path)
         versions = [factory.current(i).weight_version for i in (0, 1)]
+        reported = [r["weight_version"] for r in engine.replicas()]
+        probed = await engine.replica_prompt_logprobs([1, 2, 3])
         factory.replicas[1][-1].kill()
         await until(lambda: engine.replicas()[1]["restarts"] == 1)
-        restarted = factory.current(1).weight_version
+        restarted = factory.current(1).weight_version, engine.replicas()[1]["weight_version"]
         await engine.shutdown()
-        return engine.weight_version, versions, restarted
+        return engine.weight_version, before, versions, reported, probed, restarted
 
-    assert asyncio.run(go()) == (1, [1, 1], 1)
+    version, before, versions, reported, probed, restarted = asyncio.run(go())
+    assert (version, before, versions, reported) == (1, [0, 0], [1, 1], [1, 1])
+    assert probed == {0: [-2.0, -2.0], 1: [-2.0, -2.0]}  # both replicas read at weight version 1
+    assert restarted == (1, 1)
+
+
+def test_a_replica_lost_while_probed_is_left_out_and_none_healthy_is_an_error(default_tokenizer):
+    async def go():
+        factory = ScriptedReplicas(default_tokenizer, fail_starts=100)  # lost replicas do not come back
+        engine = await replicated(factory, restart_delay_s=60)
+        factory.replicas[0][-1].kill()
+        one = await engine.replica_prompt_logprobs([1, 2])
+        factory.replicas[1][-1].kill()
+        await engine.replica_prompt_logprobs([1, 2])  # replica 1 is found dead here and taken out
+        with pytest.raises(EngineFailed, match="no engine replica is healthy to probe"):
+            await engine.replica_prompt_logprobs([1, 2])
+        await engine.shutdown()
+        return one
+
+    assert asyncio.run(go()) == {1: [-1.0]}
 
 
 def test_abort_reaches_the_replica_holding_the_request(default_tokenizer):

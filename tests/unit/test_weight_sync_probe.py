@@ -32,19 +32,21 @@ def test_followed_is_the_slope_of_the_engines_change_on_the_trainers():
 
 
 class Engine:
-    """Serves the policy's logprobs (plus bf16-like noise) as of its last reload; `skip_reloads` keeps the old ones."""
+    """`replicas` engine replicas, each serving the policy's logprobs (plus bf16-like noise) as of its last reload;
+    the replicas in `skip_reloads` keep their old ones."""
 
-    def __init__(self, policy):
-        self.policy, self.weight_version, self.skip_reloads = policy, 0, False
-        self.served = policy.current.clone()
+    def __init__(self, policy, replicas: int = 1):
+        self.policy, self.weight_version, self.skip_reloads = policy, 0, set()
+        self.served = [policy.current.clone() for _ in range(replicas)]
 
     async def reload_weights(self, directory: str) -> None:
-        if not self.skip_reloads:
-            self.served = self.policy.current.clone()
+        for replica in range(len(self.served)):
+            if replica not in self.skip_reloads:
+                self.served[replica] = self.policy.current.clone()
         self.weight_version += 1
 
-    async def prompt_logprobs(self, token_ids) -> list[float]:
-        return (self.served + NOISE).tolist()
+    async def replica_prompt_logprobs(self, token_ids) -> dict[int, list[float]]:
+        return {replica: (served + NOISE).tolist() for replica, served in enumerate(self.served)}
 
 
 class Policy:
@@ -61,10 +63,10 @@ class Policy:
         return self.current.clone()
 
 
-def syncs(steps: list[float], skip_from: int | None = None) -> list:
-    """Sync after each update of the given sizes; the engine skips its reloads from update `skip_from` on."""
+def syncs(steps: list[float], skip_from: int | None = None, replicas: int = 1, stale_replica: int = 0) -> list:
+    """Sync after each update of the given sizes; replica `stale_replica` skips its reloads from update `skip_from` on."""
     policy = Policy()
-    engine = Engine(policy)
+    engine = Engine(policy, replicas)
     torch_thread = ThreadPoolExecutor(1)
     sync = WeightSync(engine, policy, PROBE, tolerance=0.15, engine_dtype="bfloat16", torch_thread=torch_thread)
     reports = []
@@ -73,7 +75,7 @@ def syncs(steps: list[float], skip_from: int | None = None) -> list:
         reports.append(await sync.sync())
         for index, size in enumerate(steps):
             policy.current = policy.current + size * torch.tensor([1.0, -1.0, 0.5, 1.0, -0.5, 0.2, 1.0])
-            engine.skip_reloads = skip_from is not None and index >= skip_from
+            engine.skip_reloads = {stale_replica} if skip_from is not None and index >= skip_from else set()
             reports.append(await sync.sync())
 
     try:
@@ -98,3 +100,10 @@ def test_a_reload_that_keeps_stale_weights_stops_the_run_naming_the_probe():
     # The gap alone would not have caught it: with stale weights it is still under the bf16 tolerance.
     stale = ProbeReading(BASE + 0.02 * torch.tensor([1.0, -1.0, 0.5, 1.0, -0.5, 0.2, 1.0]) + NOISE, BASE + 0.04 * torch.tensor([1.0, -1.0, 0.5, 1.0, -0.5, 0.2, 1.0]))
     assert stale.gap < 0.15
+
+
+def test_every_replica_is_probed_and_one_left_on_stale_weights_is_named():
+    reports = syncs([0.02, 0.01], replicas=2)
+    assert [r.probe_replicas for r in reports] == [2, 2, 2] and reports[2].probe_followed == pytest.approx(1.0)
+    with pytest.raises(WeightSyncFailed, match=r"after loading weight version 3, engine replica 1's logprobs moved 0\.00 of the way .* engine replica 1 kept stale weights"):
+        syncs([0.02, 0.02], skip_from=1, replicas=2, stale_replica=1)
