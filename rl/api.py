@@ -69,6 +69,7 @@ OVERRIDE_BOUNDS: dict[str, tuple[float, float]] = {
     "save_every": (1, 1000),
     "keep_checkpoints": (1, 10),
     "trainer_ranks": (1, 64),  # and no more than the server's cores or GPUs (requested_recipe)
+    "lora_rank": (0, 256),  # the server's engine needs max_lora_rank (RSTAR_ENGINE__MAX_LORA_RANK) at least this; else the first sync stops the run saying so
 }
 MAX_DATA_BYTES = 512 * 1024 * 1024
 

@@ -165,6 +165,7 @@ def train_command(
     ray_address: Annotated[Optional[str], typer.Option(help="Run tool calls and answer checks on sandbox pools of this Ray cluster ('auto', 'ray://host:10001').")] = None,
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Stop the recipe after this many steps in all (a trial run).")] = None,
     trainer_ranks: Annotated[Optional[int], typer.Option(min=1, help="Trainer processes, the policy sharded across them (FSDP2): one per GPU, or per core on CPU.")] = None,
+    lora_rank: Annotated[Optional[int], typer.Option(min=0, help="Train a LoRA adapter of this rank on the frozen base and sync only it (0: full fine-tuning).")] = None,
 ) -> None:
     """GRPO-RoC on a recipe's stages, with rollouts on an engine and sandbox started in this process."""
     from rstar.rl.data import DataError, load_problems
@@ -176,6 +177,8 @@ def train_command(
         overrides = dict(_parse_setting(item) for item in set_ or [])
         if trainer_ranks is not None:
             overrides["trainer_ranks"] = trainer_ranks
+        if lora_rank is not None:
+            overrides["lora_rank"] = lora_rank
         loaded = load_recipe(recipe, overrides)
         if max_steps is not None:
             loaded = loaded.truncated(max_steps)
@@ -209,7 +212,7 @@ async def _train_in_process(settings: Settings, recipe, problems, data: str, run
 
     from rstar.evals.budget import model_window_limit
     from rstar.rl.grpo.rollout import RolloutEnv
-    from rstar.rl.grpo.train import RunSpec, check_window, prompt_lengths, train_grpo, window_needed
+    from rstar.rl.grpo.train import RunSpec, check_window, engine_lora_rank, prompt_lengths, train_grpo, window_needed
     from rstar.sandbox.clients import connect
     from rstar.server.chat_template import choose_template
     from rstar.server.model_store import resolve_model
@@ -220,7 +223,10 @@ async def _train_in_process(settings: Settings, recipe, problems, data: str, run
     lengths = prompt_lengths(choose_template(AutoTokenizer.from_pretrained(resolved.path), resolved.name, settings.api.chat_template), problems)
     limit = model_window_limit(resolved.path) or settings.engine.max_model_len
     check_window(recipe, lengths, limit, f"{resolved.name}'s longest supported context (max_position_embeddings)")
-    engine_settings = settings.engine.model_copy(update={"max_model_len": max(settings.engine.max_model_len, window_needed(recipe, lengths))})
+    engine_settings = settings.engine.model_copy(update={
+        "max_model_len": max(settings.engine.max_model_len, window_needed(recipe, lengths)),
+        "max_lora_rank": max(settings.engine.max_lora_rank, engine_lora_rank(recipe.stage_config(0).lora_rank)),
+    })
     console.print(f"starting the engine on {resolved.path} with a {engine_settings.max_model_len}-token window (on CPU about a minute, a first compiled start several)", highlight=False)
     # With RSTAR_ENGINE__REPLICAS > 1 rollouts go through the same router as the API's traffic.
     engine = await start_engine(resolved.path, engine_settings, served_model_name=resolved.name, cache_dir=settings.cache_dir)
@@ -234,6 +240,31 @@ async def _train_in_process(settings: Settings, recipe, problems, data: str, run
                 return await train_grpo(env, spec, problems, _store(settings), lambda step, total, m: bars.update(task, completed=step, summary=_summary(m)), lengths)
     finally:
         await engine.shutdown()
+
+
+@app.command("merge-lora")
+def merge_lora_command(
+    adapter: Annotated[Path, typer.Argument(help="A LoRA run's checkpoint (adapter_config.json + adapter_model.safetensors).")],
+    out: Annotated[Path, typer.Option(help="Where the merged model goes; `rstar serve --model OUT` then serves it.")],
+    base: Annotated[Optional[str], typer.Option(help="The base model (default: the one adapter_config.json names).")] = None,
+) -> None:
+    """Merge a LoRA checkpoint onto its base: a whole model the engine, `rstar serve` and `rstar eval run` load."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rstar.rl.policy import copy_tokenizer_files
+
+    config_file = adapter / "adapter_config.json"
+    if not config_file.is_file():
+        raise _fail(f"{adapter} has no adapter_config.json: not a LoRA checkpoint")
+    base_dir = Path(base or json.loads(config_file.read_text())["base_model_name_or_path"])
+    if not (base_dir / "config.json").is_file():
+        raise _fail(f"the adapter's base {base_dir} is not a model directory here: pass --base DIR")
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    PeftModel.from_pretrained(model, adapter).merge_and_unload().save_pretrained(out)
+    copy_tokenizer_files(base_dir, out)
+    typer.echo(f"merged {adapter} onto {base_dir}: {out}")
 
 
 @app.command("plan")

@@ -19,6 +19,7 @@ from rstar.hardware import fast_dtype
 from rstar.rl.packing import ForwardBatch, hidden_states
 from rstar.rl.tensor_files import write_safetensors
 
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's name, which vLLM's LoRA loader reads
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -93,7 +94,11 @@ class Policy:
 
     @torch.no_grad()
     def no_grad_logprobs(self, batch: ForwardBatch, temperature: float = 1.0) -> torch.Tensor:
-        logprobs = self.logprobs(batch, temperature)
+        self.model.eval()  # no LoRA dropout: the probe compares these with the engine's, which has none
+        try:
+            logprobs = self.logprobs(batch, temperature)
+        finally:
+            self.model.train()
         if self.sharded:
             # FSDP2 keeps the root's weights gathered after its forward, for the backward that usually follows; none
             # follows this one, and until resharded the module's parameters are not the optimizer's (sharded) ones.
@@ -134,6 +139,16 @@ class Policy:
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         if unexpected or set(missing) - tied_names(self.model):
             raise ValueError(f"{model_dir} does not match this model: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+
+    def save_adapter(self, out_dir: Path, dtype: torch.dtype | None = None) -> int:
+        """The LoRA adapter alone, as peft writes it (`adapter_config.json`, naming the base, and `ADAPTER_WEIGHTS`):
+        what vLLM loads onto the base it serves, a few MB where the merged model is the whole model. Returns the
+        weights' bytes."""
+        from peft import get_peft_model_state_dict
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.model.peft_config["default"].save_pretrained(out_dir)
+        return write_safetensors(get_peft_model_state_dict(self.model).items(), out_dir / ADAPTER_WEIGHTS, dtype)
 
     def save_pretrained(self, out_dir: Path) -> None:
         """A complete checkpoint the engine and transformers load: merged weights, config, tokenizer files."""

@@ -287,6 +287,10 @@ def resolve_model(spec: str, models_dir: Path, *, pull: bool = True, progress: P
     if local.is_dir():
         if (local / "config.json").is_file():
             return ResolvedModel(str(local.resolve()), local.resolve().name, "local")
+        if (local / "adapter_config.json").is_file():  # a LoRA RL checkpoint: an adapter, served only on its base
+            base = json.loads((local / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            raise ModelNotFound(f"{local.resolve()} is a LoRA adapter trained on {base}, not a whole model: merge it onto its base with "
+                                f"`rstar rl merge-lora {local} --out DIR`, then use DIR")
         tried.append(f"local directory {local.resolve()} (it has no config.json)")
     else:
         tried.append(f"local directory {local.resolve()} (does not exist)")

@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from rstar.rl.grpo.downsample import Mode
+from rstar.rl.policy import LoraSpec
 from rstar.sandbox.tools import ToolSettings
 from rstar.sandbox.verify import RewardRule
 
@@ -84,6 +85,16 @@ class GRPOConfig(ToolSettings):
         1, ge=1, description="Trainer processes on this machine, the policy sharded across them with FSDP2 (one per GPU; on CPU one per core, gloo). "
         "Read from the first stage. Not in the release (verl shards over its Ray workers).",
     )
+    # --- LoRA (not in the paper or the release: both train every weight of the 14B model, on 64 MI300X)
+    lora_rank: int = Field(
+        0, ge=0, le=256, description="0: full fine-tuning, as the paper and the release do. R > 0: train a rank-R LoRA adapter (peft) on the frozen base, "
+        "and sync only the adapter (vLLM serves base + adapter; the engine needs max_lora_rank >= R). How one device trains a model too large to "
+        "fine-tune in full (`rstar rl plan --lora-rank`). LoRA wants a learning rate far above full fine-tuning's 1e-6 (commonly 1e-5 to 1e-4). "
+        "Read from the first stage.",
+    )
+    lora_alpha: int | None = Field(None, ge=1, description="LoRA's alpha (the adapter's update is scaled by alpha / rank); None: twice the rank, the SFT stage's ratio (8 / 16).")
+    lora_dropout: float = Field(LoraSpec.dropout, ge=0, lt=1, description="Dropout on the adapter's input in training forwards (the SFT stage's 0); the probe's forward runs without it.")
+    lora_target_modules: tuple[str, ...] = Field(LoraSpec.target_modules, min_length=1, description="Linear layers that get adapters: every attention and MLP projection, as in the SFT stage.")
     # --- weight sync
     max_logprob_gap: float | None = Field(
         0.05, gt=0, description="Largest mean |rollout - trainer| logprob over a step's sampled tokens before the run stops (the engine and trainer "
@@ -105,4 +116,14 @@ class GRPOConfig(ToolSettings):
             raise ValueError("min_positive_traces + min_negative_traces exceeds keep_per_prompt")
         if self.downsample == "none" and self.keep_per_prompt != self.rollouts_per_prompt:
             raise ValueError("downsample 'none' trains every sample: set keep_per_prompt equal to rollouts_per_prompt")
+        if self.lora_rank and self.trainer_ranks > 1:
+            raise ValueError(f"lora_rank {self.lora_rank} trains on one trainer rank (FSDP2 over a LoRA model is not built): set trainer_ranks 1 "
+                             f"(--trainer-ranks 1); an adapter's gradients and AdamW states are small enough for one device")
         return self
+
+    def lora(self) -> LoraSpec | None:
+        """The adapter to train, or None for full fine-tuning."""
+        if not self.lora_rank:
+            return None
+        alpha = self.lora_alpha or 2 * self.lora_rank
+        return LoraSpec(rank=self.lora_rank, alpha=alpha, dropout=self.lora_dropout, target_modules=tuple(self.lora_target_modules))

@@ -23,6 +23,14 @@ from rstar.rl.checkpoint import CheckpointError
 SHARDED_DIR = "distributed"
 
 
+def _trained_options():
+    """Frozen weights (a LoRA run's base) are not training state: left out, and not expected back on load (DCP's
+    load has already checked that every trained tensor came back)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
 def has_sharded_state(checkpoint: Path) -> bool:
     """False for checkpoints written before sharded checkpoints (`optimizer.pt`, AdamW's state gathered whole)."""
     return (checkpoint / SHARDED_DIR / ".metadata").is_file()
@@ -33,7 +41,10 @@ def _state(trainer) -> dict:
 
     model = trainer.policy.causal_lm
     # get_optimizer_state_dict gives a fresh optimizer its (zero) moments first, so a load has tensors to fill.
-    return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, trainer.optimizer)}
+    weights = get_model_state_dict(model, options=_trained_options())
+    # DCP's ignore_frozen_params keeps a tied head whose embedding is frozen (LoRA's lm_head): left out here.
+    weights = {name: tensor for name, tensor in weights.items() if model.get_parameter(name).requires_grad}
+    return {"model": weights, "optimizer": get_optimizer_state_dict(model, trainer.optimizer, options=_trained_options())}
 
 
 def save_sharded_state(trainer, directory: Path) -> None:
@@ -55,6 +66,6 @@ def load_sharded_state(trainer, checkpoint: Path) -> None:
         raise CheckpointError(f"{checkpoint}: its sharded state does not load into this model ({str(exc).splitlines()[0][:300]}); "
                               f"start a new run id, or resume with the model the run began with") from exc
     model = trainer.policy.causal_lm
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, trainer.optimizer, state["optimizer"])
+    set_model_state_dict(model, state["model"], options=_trained_options())
+    set_optimizer_state_dict(model, trainer.optimizer, state["optimizer"], options=_trained_options())
     trainer.scheduler.load_state_dict(state["scheduler"])

@@ -88,6 +88,15 @@ def check_window(recipe: Recipe, prompt_tokens: list[int], window: int, window_s
             f"{recipe.max_response_tokens}), over {window_source} of {window}; lower max_response_tokens or max_prompt_tokens, or use a model with a longer context")
 
 
+# The ranks vLLM's LoRA engine takes (max_lora_rank); an adapter of a rank between them is padded up.
+ENGINE_LORA_RANKS = (8, 16, 32, 64, 128, 256)
+
+
+def engine_lora_rank(lora_rank: int) -> int:
+    """The engine's max_lora_rank for a run training adapters of `lora_rank` (0: no LoRA)."""
+    return next(r for r in ENGINE_LORA_RANKS if r >= lora_rank) if lora_rank else 0
+
+
 PROBE_PROMPT_TOKENS = 48
 
 
@@ -135,7 +144,8 @@ async def _train(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store:
     if config.trainer_ranks > 1:
         trainer = TrainerRanks(spec.model_dir, dtype, config, config.trainer_ranks)
     else:
-        trainer = GRPOTrainer(Policy(spec.model_dir, dtype, gradient_checkpointing=config.gradient_checkpointing), config)
+        torch.manual_seed(config.seed)  # LoRA's A factors start random: seeded, so a rerun trains the same adapter
+        trainer = GRPOTrainer(Policy(spec.model_dir, dtype, lora=config.lora(), gradient_checkpointing=config.gradient_checkpointing), config)
     policy = trainer.policy
     identity = model_identity(spec.model_dir)
     rng = random.Random(f"{config.seed}/roc")
@@ -295,7 +305,9 @@ def rollout_metrics(groups: list[list[Sample]], selection: Selection, kept_group
 def save(spec: RunSpec, store: RunStore, policy: Policy, trainer: GRPOTrainer, state: TrainerState, rng: random.Random, stage_problems: list[Problem], keep: int) -> None:
     state.rng = {"roc": rng.getstate(), "torch": torch.get_rng_state().tolist()}
     state.extra["stage_problems"] = [p.id for p in stage_problems]
-    path = write_checkpoint(spec.run_dir, state, policy.save_pretrained, trainer.save_training_state)
+    # A LoRA run's checkpoint holds its adapter (peft's files, on its base), not the merged model.
+    write_model = policy.save_adapter if getattr(policy, "lora", None) is not None else policy.save_pretrained
+    path = write_checkpoint(spec.run_dir, state, write_model, trainer.save_training_state)
     removed = prune_checkpoints(spec.run_dir, keep)
     store.record_checkpoint(spec.run_id, state.step, str(path), [str(p) for p in removed])
 

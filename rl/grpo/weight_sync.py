@@ -118,12 +118,18 @@ class WeightSync:
 
     async def sync(self) -> SyncReport:
         started = time.perf_counter()
-        path = Path(self._dir.name) / "model.safetensors"
-        tied = tied_names(self.policy.causal_lm)
-        weights = ((name, tensor) for name, tensor in self.policy.merged_state_dict() if name not in tied)
-        await asyncio.get_running_loop().run_in_executor(self.torch_thread, write_safetensors, weights, path, self.dtype)
-        written = time.perf_counter()
-        await self.engine.reload_weights(self._dir.name)
+        if getattr(self.policy, "lora", None) is not None:  # LoRA: the adapter alone, loaded onto the engine's base
+            adapter = Path(self._dir.name) / "adapter"
+            await asyncio.get_running_loop().run_in_executor(self.torch_thread, self.policy.save_adapter, adapter, self.dtype)
+            written = time.perf_counter()
+            await self.engine.load_adapter(adapter)
+        else:
+            path = Path(self._dir.name) / "model.safetensors"
+            tied = tied_names(self.policy.causal_lm)
+            weights = ((name, tensor) for name, tensor in self.policy.merged_state_dict() if name not in tied)
+            await asyncio.get_running_loop().run_in_executor(self.torch_thread, write_safetensors, weights, path, self.dtype)
+            written = time.perf_counter()
+            await self.engine.reload_weights(self._dir.name)
         reloaded = time.perf_counter()
         readings = await self.probe()
         version = self.engine.weight_version

@@ -1,0 +1,82 @@
+"""LoRA RL on the trainer's side (a tiny Llama, no engine): only the adapter trains, its checkpoint resumes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rstar.rl.grpo.config import GRPOConfig
+from rstar.rl.grpo.train import engine_lora_rank
+from rstar.rl.grpo.trainer import GRPOTrainer
+from rstar.rl.packing import Branch, Tree
+from rstar.rl.policy import ADAPTER_WEIGHTS, Policy
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+CONFIG = GRPOConfig(lora_rank=4, learning_rate=1e-2, warmup_steps=0, weight_decay=0.0, compute_dtype="float32")
+TREE = Tree([1, 2, 3, 4], [Branch([5, 6, 7], [1, 1, 1], {"advantage": [1.0] * 3, "rollout_logprobs": [-4.0] * 3}),
+                           Branch([8, 9, 10], [1, 1, 1], {"advantage": [-1.0] * 3, "rollout_logprobs": [-4.0] * 3})])
+
+
+def lora_trainer(model_dir, seed: int) -> GRPOTrainer:
+    torch.manual_seed(seed)
+    return GRPOTrainer(Policy(model_dir, "float32", lora=CONFIG.lora()), CONFIG)
+
+
+def test_a_lora_step_changes_only_the_adapter_and_leaves_the_base_bit_identical(tiny_model_dir):
+    trainer = lora_trainer(tiny_model_dir, 0)
+    before = {name: p.detach().clone() for name, p in trainer.policy.model.named_parameters()}
+    trainer.update([TREE], CONFIG)
+    changed = {name for name, p in trainer.policy.model.named_parameters() if not torch.equal(p, before[name])}
+    assert changed and all("lora_" in name for name in changed)
+    assert all(torch.equal(p, before[name]) for name, p in trainer.policy.model.named_parameters() if "lora_" not in name)
+
+
+def test_a_lora_checkpoint_holds_the_adapter_and_adamw_and_resumes(tiny_model_dir, tmp_path):
+    trainer = lora_trainer(tiny_model_dir, 0)
+    trainer.update([TREE], CONFIG)
+    trainer.save_training_state(tmp_path)
+    trainer.policy.save_adapter(tmp_path)
+    assert (tmp_path / "adapter_config.json").is_file() and (tmp_path / ADAPTER_WEIGHTS).is_file() and not (tmp_path / "config.json").exists()
+    resumed = lora_trainer(tiny_model_dir, 1)  # other random A factors, which the checkpoint replaces
+    resumed.load_training_state(tmp_path)
+    trainer.update([TREE], CONFIG)
+    resumed.update([TREE], CONFIG)  # equal only if AdamW's moments came back too
+    for a, b in zip(trainer.policy.model.parameters(), resumed.policy.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_lora_on_several_trainer_ranks_is_refused_naming_the_fix():
+    with pytest.raises(ValueError, match="--trainer-ranks 1"):
+        GRPOConfig(lora_rank=8, trainer_ranks=2)
+
+
+def test_the_engine_gets_the_smallest_lora_rank_vllm_takes_that_fits():
+    assert [engine_lora_rank(r) for r in (0, 4, 8, 9, 64)] == [0, 8, 8, 16, 64]
+    assert GRPOConfig(lora_rank=8).lora().alpha == 16  # the SFT stage's alpha / rank
+
+
+def test_a_lora_checkpoint_served_without_its_base_is_refused_naming_the_merge(tiny_model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from rstar.cli import app
+    from rstar.server.model_store import ModelNotFound, resolve_model
+
+    lora_trainer(tiny_model_dir, 0).policy.save_adapter(tmp_path / "checkpoint-1")
+    with pytest.raises(ModelNotFound, match="rstar rl merge-lora .* --out DIR") as refused:
+        resolve_model(str(tmp_path / "checkpoint-1"), tmp_path / "models", pull=False)
+    assert str(tiny_model_dir) in str(refused.value) and "\n" not in str(refused.value)
+    result = CliRunner().invoke(app, ["rl", "merge-lora", str(tmp_path / "checkpoint-1"), "--out", str(tmp_path / "merged")])
+    assert result.exit_code == 0, result.output
+    assert resolve_model(str(tmp_path / "merged"), tmp_path / "models", pull=False).source == "local"
