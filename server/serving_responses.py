@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rstar.server.agent_loop import TokensSampled
+from rstar.server.citations import file_citations
 from rstar.server.containers import ContainerStore, memory_mb
 from rstar.server.errors import APIError
 from rstar.server.limits import AdmittedStream
@@ -84,6 +85,10 @@ class _ResponseBuilder:
     def _add(self, item: dict) -> dict:
         self.output.append(item)
         return self.event("response.output_item.added", output_index=len(self.output) - 1, item=item)
+
+    def last_message(self) -> dict | None:
+        """The answer's last message item: where its file citations go."""
+        return next((item for item in reversed(self.output) if item["type"] == "message"), None)
 
     def _index(self, item: dict) -> int:
         return next(i for i, candidate in enumerate(self.output) if candidate is item)
@@ -221,8 +226,10 @@ class ResponsesService(AgentServing):
             plan.executor = plan.executor.in_container(container.id, memory_mb(container.memory_limit))
         return plan
 
-    async def _events(self, request: ResponsesRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[dict]:
+    async def _events(self, request: ResponsesRequest, plan: AgentPlan, received_at: float, containers: ContainerStore, owner: str | None) -> AsyncIterator[dict]:
         response_id = _item_id("resp")
+        container_id = plan.executor.container_id
+        before = {f.id: f.bytes for f in await asyncio.to_thread(containers.list_files, container_id, owner)} if container_id else {}
         builder = _ResponseBuilder(request, response_id, container_id=plan.executor.container_id or _item_id("cntr"))
         for event in builder.start():
             yield event
@@ -234,13 +241,18 @@ class ResponsesService(AgentServing):
                         for event in builder.piece(answer, piece):
                             yield event
                 if answer.trajectory is not None:
+                    if container_id and (message := builder.last_message()) is not None:
+                        with contextlib.suppress(APIError):  # the container expired or was deleted meanwhile: nothing to cite
+                            files = await asyncio.to_thread(containers.list_files, container_id, owner)
+                            part = message["content"][0]
+                            part["annotations"] = file_citations(part["text"], container_id, files, before, [c.code for c in answer.cells.values()])
                     for event in builder.finish(answer, plan.prompt_len):
                         yield event
 
     async def create(self, request: ResponsesRequest, received_at: float, containers: ContainerStore, owner: str | None) -> dict:
         plan = await self.plan_request(request, containers, owner)
         final = None
-        async with self.serving.admission.slots(1), contextlib.aclosing(self._events(request, plan, received_at)) as events:
+        async with self.serving.admission.slots(1), contextlib.aclosing(self._events(request, plan, received_at, containers, owner)) as events:
             async for event in events:
                 final = event
         if final is None or "response" not in final:
@@ -249,10 +261,10 @@ class ResponsesService(AgentServing):
 
     async def stream(self, request: ResponsesRequest, received_at: float, containers: ContainerStore, owner: str | None) -> AdmittedStream:
         plan = await self.plan_request(request, containers, owner)
-        return await self.admitted_stream(1, self._sse(request, plan, received_at))
+        return await self.admitted_stream(1, self._sse(request, plan, received_at, containers, owner))
 
-    async def _sse(self, request: ResponsesRequest, plan: AgentPlan, received_at: float) -> AsyncIterator[str]:
-        async with contextlib.aclosing(self._events(request, plan, received_at)) as events:
+    async def _sse(self, request: ResponsesRequest, plan: AgentPlan, received_at: float, containers: ContainerStore, owner: str | None) -> AsyncIterator[str]:
+        async with contextlib.aclosing(self._events(request, plan, received_at, containers, owner)) as events:
             async for event in events:
                 yield sse(json.dumps(event, ensure_ascii=False), event["type"])
 

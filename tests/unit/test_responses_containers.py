@@ -47,7 +47,7 @@ def test_on_the_real_sandbox_the_code_reads_the_upload_and_its_file_downloads_as
     from rstar.sandbox.settings import SandboxSettings
 
     sandbox = LocalClient(SandboxSettings(workers=1, spare_cells=1, max_sessions=2, uid_base=62100, containers_dir=str(tmp_path / "containers")))
-    replies = ("<reason>Sum it.</reason>\n" + call(CSV_CODE), "The total is 42.")
+    replies = ("<reason>Sum it.</reason>\n" + call(CSV_CODE), "The total is 42, saved in sandbox:/mnt/data/total.txt.")
     client, _, _, _ = make_server(replies=replies, sandbox=sandbox, api_key="key-a")
     container = client.containers.create(name="sales")
     client.containers.files.create(container.id, file=("sales.csv", b"amount\n30\n12\n"))
@@ -57,3 +57,8 @@ def test_on_the_real_sandbox_the_code_reads_the_upload_and_its_file_downloads_as
     files = {f.path: f for f in client.containers.files.list(container.id)}
     assert (files["/mnt/data/sales.csv"].source, files["/mnt/data/total.txt"].source) == ("user", "assistant")
     assert client.containers.files.content.retrieve(files["/mnt/data/total.txt"].id, container_id=container.id).read() == b"42\n"
+    # Both are cited: the one the code read (at 0..0, the text does not name it) and the one it wrote, where the text links it.
+    message = [item for item in response.output if item.type == "message"][-1].content[0]
+    cited = {(a.filename, a.file_id, a.container_id, message.text[a.start_index : a.end_index]) for a in message.annotations}
+    assert cited == {("sales.csv", files["/mnt/data/sales.csv"].id, container.id, ""),
+                     ("total.txt", files["/mnt/data/total.txt"].id, container.id, "sandbox:/mnt/data/total.txt")}
