@@ -67,6 +67,9 @@ class EngineActor:
     async def reload_weights(self, weights_dir: str) -> None:
         await self.engine.reload_weights(weights_dir)
 
+    async def load_adapter(self, adapter_dir: str | None) -> None:
+        await self.engine.load_adapter(adapter_dir)
+
     async def reset_prefix_cache(self) -> None:
         await self.engine.reset_prefix_cache()
 
@@ -131,6 +134,9 @@ class RayReplica:
 
     async def reload_weights(self, weights_dir: str) -> None:
         await self._call("reload_weights", weights_dir)
+
+    async def load_adapter(self, adapter_dir: str | None) -> None:
+        await self._call("load_adapter", adapter_dir)
 
     async def reset_prefix_cache(self) -> None:
         await self._call("reset_prefix_cache")

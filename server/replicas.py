@@ -61,6 +61,8 @@ class Replica(Protocol):
 
     async def reload_weights(self, weights_dir: str) -> None: ...
 
+    async def load_adapter(self, adapter_dir: str | None) -> None: ...
+
     async def reset_prefix_cache(self) -> None: ...
 
     async def prometheus_text(self) -> str:
@@ -139,6 +141,15 @@ class Lease:
 
 
 @dataclass
+class Served:
+    """What every replica serves: the whole weights last reloaded and the adapter on them (None: as started)."""
+
+    weights_dir: str | None = None
+    adapter_dir: str | None = None
+    version: int = 0  # the router's weight version this is
+
+
+@dataclass
 class ReplicatedEngine:
     """N replicas behind a `Router`, as one TokenEngine. Create with `await ReplicatedEngine.start(...)`."""
 
@@ -156,7 +167,7 @@ class ReplicatedEngine:
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     _waiting: int = 0  # requests waiting at the router for a replica with room
     _placement: dict[str, int] = field(default_factory=dict)  # request id -> slot, for abort
-    _weights: tuple[str, int] | None = None  # the latest reload (its directory, its version), which restarted replicas load too
+    _serving: "Served" = field(default_factory=lambda: Served())  # what every replica serves, which a restarted one loads too
     _tasks: set[asyncio.Task] = field(default_factory=set)
     _closed: bool = False
     on_shutdown: Callable[[], Awaitable[None]] | None = None  # releases what the replicas ran on (the Ray connection)
@@ -283,9 +294,11 @@ class ReplicatedEngine:
             replica = self.new_replica(index)
             try:
                 await replica.start()
-                weights = self._weights
-                if weights is not None:
-                    await replica.reload_weights(weights[0])
+                served = self._serving
+                if served.weights_dir is not None:
+                    await replica.reload_weights(served.weights_dir)
+                if served.adapter_dir is not None:
+                    await replica.load_adapter(served.adapter_dir)
             except Exception as exc:
                 log.error("engine replica %d did not restart (%s); trying again in %.0f s", index, exc, delay)
                 with contextlib.suppress(Exception):
@@ -298,7 +311,7 @@ class ReplicatedEngine:
                 return
             slot = self._slots[index]
             slot.replica, slot.healthy, slot.failure = replica, True, None
-            slot.weight_version = weights[1] if weights is not None else 0
+            slot.weight_version = served.version
             slot.restarts += 1
             await self._sample(index)
             log.info("engine replica %d is back (restart %d)", index, slot.restarts)
@@ -391,14 +404,24 @@ class ReplicatedEngine:
         weights_dir = Path(weights_dir)
         if not any(weights_dir.glob("*.safetensors")):
             raise FileNotFoundError(f"no *.safetensors files in {weights_dir}")
-        version = self.weight_version + 1
-        self._weights = (str(weights_dir), version)
-        loaded = await self._on_every_replica(lambda replica: replica.reload_weights(str(weights_dir)), "reload weights into; they load them when they restart")
-        for index in loaded:
-            self._slots[index].weight_version = version
+        await self._serve(Served(str(weights_dir), self._serving.adapter_dir), lambda replica: replica.reload_weights(str(weights_dir)), "reload weights into")
         for i in range(self.router.replicas):
             self.router.forget(i)  # their prefix caches were reset with the new weights
-        self.weight_version = version
+
+    async def load_adapter(self, adapter_dir: str | Path | None) -> None:
+        """Base + the LoRA adapter in `adapter_dir` on every replica (None: the base alone), as `reload_weights`
+        does for whole weights: a replica restarting meanwhile loads it once up."""
+        adapter = str(adapter_dir) if adapter_dir is not None else None
+        await self._serve(Served(self._serving.weights_dir, adapter), lambda replica: replica.load_adapter(adapter), "load the adapter into")
+
+    async def _serve(self, served: "Served", load: Callable[[Replica], Awaitable[None]], doing: str) -> None:
+        """`load` on every replica, which then serves `served` as the next weight version."""
+        served.version = self.weight_version + 1
+        self._serving = served
+        loaded = await self._on_every_replica(load, f"{doing}; they load it when they restart")
+        for index in loaded:
+            self._slots[index].weight_version = served.version
+        self.weight_version = served.version
 
     async def replica_prompt_logprobs(self, token_ids: Sequence[int]) -> dict[int, list[float]]:
         """Every healthy replica's `prompt_logprobs` of `token_ids`, by slot: the weight-sync probe checks each

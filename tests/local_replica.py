@@ -50,6 +50,9 @@ class LocalReplica:
     async def reload_weights(self, weights_dir: str) -> None:
         await self._alive().reload_weights(weights_dir)
 
+    async def load_adapter(self, adapter_dir: str | None) -> None:
+        await self._alive().load_adapter(adapter_dir)
+
     async def reset_prefix_cache(self) -> None:
         self._alive()
 

@@ -52,6 +52,7 @@ class ScriptedEngine:
     running: set[str] = field(default_factory=set)
     fail_after_tokens: int | None = None  # raise mid-stream, as an engine crash would
     kv_capacity_tokens: int = 0  # reported in stats, for routing by free KV cache
+    adapter: str | None = None  # the LoRA adapter dir load_adapter was given last
     closed: bool = False
 
     def __post_init__(self) -> None:
@@ -111,6 +112,10 @@ class ScriptedEngine:
         return {0: await self.prompt_logprobs(token_ids)}
 
     async def reload_weights(self, weights_dir: str | Path) -> None:
+        self.weight_version += 1
+
+    async def load_adapter(self, adapter_dir: str | Path | None) -> None:
+        self.adapter = str(adapter_dir) if adapter_dir is not None else None
         self.weight_version += 1
 
     async def shutdown(self) -> None:

@@ -238,6 +238,26 @@ def test_weights_reload_on_every_replica_and_a_restarted_one_loads_them_too(defa
     assert restarted == (1, 1)
 
 
+def test_an_adapter_loads_on_every_replica_and_a_restarted_one_loads_weights_then_adapter(default_tokenizer, tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+
+    async def go():
+        factory = ScriptedReplicas(default_tokenizer)
+        engine = await replicated(factory)
+        await engine.reload_weights(tmp_path)
+        await engine.load_adapter(tmp_path / "adapter")
+        adapters = [factory.current(i).adapter for i in (0, 1)]
+        factory.replicas[0][-1].kill()
+        await until(lambda: engine.replicas()[0]["restarts"] == 1)
+        restarted = factory.current(0)
+        await engine.shutdown()
+        return engine.weight_version, adapters, (restarted.weight_version, restarted.adapter), [r["weight_version"] for r in engine.replicas()]
+
+    version, adapters, restarted, reported = asyncio.run(go())
+    assert version == 2 and adapters == [str(tmp_path / "adapter")] * 2
+    assert restarted == (2, str(tmp_path / "adapter")) and reported == [2, 2]  # reloaded, then the adapter on top
+
+
 def test_a_replica_lost_while_probed_is_left_out_and_none_healthy_is_an_error(default_tokenizer):
     async def go():
         factory = ScriptedReplicas(default_tokenizer, fail_starts=100)  # lost replicas do not come back
