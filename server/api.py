@@ -84,8 +84,8 @@ async def list_models(request: Request) -> ModelList:
 @router.post("/v1/chat/completions", dependencies=API_KEY)
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     chat: ChatService = request.app.state.chat
-    owner = key_owner(request)
-    return await _answer(request, body, functools.partial(chat.stream, owner=owner), functools.partial(chat.complete, owner=owner))
+    scope = {"owner": key_owner(request), "containers": request.app.state.containers}
+    return await _answer(request, body, functools.partial(chat.stream, **scope), functools.partial(chat.complete, **scope))
 
 
 @router.post("/v1/completions", dependencies=API_KEY)

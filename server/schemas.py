@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
+from rstar.sandbox.schemas import CONTAINER_ID
 from rstar.sandbox.tools import ToolProtocol
 from rstar.server.engine import SamplingOptions
 from rstar.server.trajectory import ToolCallRecord
@@ -168,6 +169,9 @@ class ChatCompletionRequest(ChatPrompt, StopFields):
     model: str
     parallel_tool_calls: bool | None = None
     conversation_id: str | None = Field(None, description="Store this exchange into that existing conversation (its messages are replaced).")
+    container: str | None = Field(
+        None, pattern=CONTAINER_ID, description="Run the built-in tool's cells in this container (/v1/containers): its interpreter and its files at /mnt/data."
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=16)

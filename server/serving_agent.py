@@ -5,6 +5,7 @@ put on the wire in their own shapes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -16,6 +17,7 @@ from typing import Any
 from rstar.sandbox.tools import BUILTIN_TOOLS, PYTHON_TOOL, ToolSettings
 from rstar.server.agent_loop import Done, LoopConfig, LoopEvent, TokensSampled, ToolExecutionStarted, ToolResult, TurnStarted, run_agent
 from rstar.server.builtin_tools import SandboxExecutor, builtin_tool_schemas
+from rstar.server.containers import ContainerStore, memory_mb
 from rstar.server.chat_template import ChatTemplate, RenderTimeout, content_text
 from rstar.server.engine import SamplingOptions
 from rstar.server.errors import APIError
@@ -141,6 +143,15 @@ class AgentServing(ServingBase):
             raise APIError(400, f"tool_timeout may be at most {tool_timeout_limit:g} s ({limit})", "tool_timeout")
         executor = SandboxExecutor(serving.sandbox, request.tool_timeout, cells=settings.sandbox_cells_per_request)
         return AgentPlan(prompt, config, per_choice(request.sampling_options(room), request.n), executor)
+
+    async def use_container(self, plan: AgentPlan, containers: ContainerStore, container_id: str, owner: str | None, field: str) -> None:
+        """Run the plan's cells in that container (its interpreter and files, its memory_limit); an unknown,
+        expired or another key's container is refused naming `field`, the request's field that named it."""
+        try:
+            container = await asyncio.to_thread(containers.use, container_id, owner)
+        except APIError as refused:
+            raise APIError(refused.status, refused.message, field, refused.code) from None
+        plan.executor = plan.executor.in_container(container.id, memory_mb(container.memory_limit))
 
     async def run_choices(self, plan: AgentPlan, request_id: str, received_at: float) -> AsyncIterator[tuple[Answer, list[Any]]]:
         """Run every choice's loop concurrently, yielding (answer, stream pieces) as events arrive, until the

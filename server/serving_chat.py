@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 
 from rstar.server.agent_loop import TokensSampled
+from rstar.server.containers import ContainerStore
 from rstar.server.errors import APIError
 from rstar.server.limits import AdmittedStream
 from rstar.server.schemas import (
@@ -49,13 +50,16 @@ class ChatService(AgentServing):
     """Chat completions. `owner` (server/auth.py key_owner): whose conversations a request stores into and may
     continue."""
 
-    async def plan_request(self, request: ChatCompletionRequest, owner: str | None) -> AgentPlan:
+    async def plan_request(self, request: ChatCompletionRequest, owner: str | None, containers: ContainerStore) -> AgentPlan:
         serving = self.serving
         serving.check_model(request.model)
         store = serving.store
         if request.conversation_id is not None and store is not None and not await asyncio.to_thread(store.exists, request.conversation_id, owner):
             raise APIError(404, f"No conversation with id {request.conversation_id!r}.", "conversation_id", "conversation_not_found")
-        return self.plan(await self.chat_prompt(request), request)
+        plan = self.plan(await self.chat_prompt(request), request)
+        if request.container is not None:
+            await self.use_container(plan, containers, request.container, owner, "container")
+        return plan
 
     async def chat_prompt(self, request: ChatPrompt) -> Prompt:
         return await self.prompt(
@@ -82,8 +86,8 @@ class ChatService(AgentServing):
 
     # -- non-streaming --------------------------------------------------------------------------------
 
-    async def complete(self, request: ChatCompletionRequest, received_at: float, owner: str | None) -> ChatCompletion:
-        plan = await self.plan_request(request, owner)
+    async def complete(self, request: ChatCompletionRequest, received_at: float, owner: str | None, containers: ContainerStore) -> ChatCompletion:
+        plan = await self.plan_request(request, owner, containers)
         serving = self.serving
         logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in range(request.n)}
         answers: dict[int, Answer] = {}
@@ -116,9 +120,9 @@ class ChatService(AgentServing):
 
     # -- streaming ------------------------------------------------------------------------------------
 
-    async def stream(self, request: ChatCompletionRequest, received_at: float, owner: str | None) -> AdmittedStream:
+    async def stream(self, request: ChatCompletionRequest, received_at: float, owner: str | None, containers: ContainerStore) -> AdmittedStream:
         """Validate and admit first (errors become HTTP errors, not a broken stream), then stream SSE events."""
-        plan = await self.plan_request(request, owner)
+        plan = await self.plan_request(request, owner, containers)
         return await self.admitted_stream(request.n, self._sse(request, plan, received_at, owner))
 
     async def _sse(self, request: ChatCompletionRequest, plan: AgentPlan, received_at: float, owner: str | None) -> AsyncIterator[str]:

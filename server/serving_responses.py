@@ -19,7 +19,7 @@ from typing import Any
 
 from rstar.server.agent_loop import TokensSampled
 from rstar.server.citations import file_citations
-from rstar.server.containers import ContainerStore, memory_mb
+from rstar.server.containers import ContainerStore
 from rstar.server.errors import APIError
 from rstar.server.limits import AdmittedStream
 from rstar.server.schemas import CodeCell
@@ -219,11 +219,7 @@ class ResponsesService(AgentServing):
         plan = self.plan(prompt, request)
         if (named := request.named_container()) is not None:
             container_id, field = named
-            try:
-                container = await asyncio.to_thread(containers.use, container_id, owner)
-            except APIError as refused:  # unknown, expired or another key's: the field that named it
-                raise APIError(refused.status, refused.message, field, refused.code) from None
-            plan.executor = plan.executor.in_container(container.id, memory_mb(container.memory_limit))
+            await self.use_container(plan, containers, container_id, owner, field)
         return plan
 
     async def _events(self, request: ResponsesRequest, plan: AgentPlan, received_at: float, containers: ContainerStore, owner: str | None) -> AsyncIterator[dict]:

@@ -62,3 +62,14 @@ def test_on_the_real_sandbox_the_code_reads_the_upload_and_its_file_downloads_as
     cited = {(a.filename, a.file_id, a.container_id, message.text[a.start_index : a.end_index]) for a in message.annotations}
     assert cited == {("sales.csv", files["/mnt/data/sales.csv"].id, container.id, ""),
                      ("total.txt", files["/mnt/data/total.txt"].id, container.id, "sandbox:/mnt/data/total.txt")}
+
+
+def test_a_chat_completion_may_name_a_container_too(make_server):
+    client, http, _, _ = make_server(replies=TOOL_TURNS, api_key="key-a")
+    container = client.containers.create(name="chat", memory_limit="1g")
+    client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "6*7?"}], extra_body={"container": container.id})
+    assert [(r.container_id, r.memory_mb) for r in http.app.state.serving.sandbox.requests] == [(container.id, 1024)]
+    for bad, status in (("cntr_" + "0" * 32, 404), ("../etc", 400)):
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}], extra_body={"container": bad})
+        assert (refused.value.status_code, refused.value.body["param"]) == (status, "container")
