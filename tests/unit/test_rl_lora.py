@@ -8,7 +8,7 @@ import torch
 from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.train import engine_lora_rank
 from rstar.rl.grpo.trainer import GRPOTrainer
-from rstar.rl.packing import Branch, Tree
+from rstar.rl.packing import Branch, Tree, pack
 from rstar.rl.policy import ADAPTER_WEIGHTS, Policy
 
 
@@ -80,3 +80,48 @@ def test_a_lora_checkpoint_served_without_its_base_is_refused_naming_the_merge(t
     result = CliRunner().invoke(app, ["rl", "merge-lora", str(tmp_path / "checkpoint-1"), "--out", str(tmp_path / "merged")])
     assert result.exit_code == 0, result.output
     assert resolve_model(str(tmp_path / "merged"), tmp_path / "models", pull=False).source == "local"
+
+
+class AdapterEngine:
+    """An engine stand-in that serves a second copy of the policy and loads the sync's adapter files into it with
+    peft (as vLLM reads them); `stale` keeps the adapter it had."""
+
+    def __init__(self, model_dir, stale: bool):
+        torch.manual_seed(0)
+        self.served = Policy(model_dir, "float32", lora=CONFIG.lora())
+        self.stale = stale
+        self.weight_version = 0
+
+    async def load_adapter(self, adapter_dir) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        if not self.stale:
+            set_peft_model_state_dict(self.served.model, load_file(str(adapter_dir / ADAPTER_WEIGHTS)))
+        self.weight_version += 1
+
+    async def replica_prompt_logprobs(self, token_ids) -> dict[int, list[float]]:
+        row = pack([Tree(list(token_ids[:1]), [Branch(list(token_ids[1:]), [1] * (len(token_ids) - 1))])], len(token_ids))[0]
+        return {0: self.served.no_grad_logprobs(row).tolist()}
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_the_probe_passes_the_synced_adapter_and_stops_a_stale_one(tiny_model_dir, stale):
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rstar.rl.grpo.weight_sync import WeightSync, WeightSyncFailed
+
+    trainer = lora_trainer(tiny_model_dir, 0)
+    engine = AdapterEngine(tiny_model_dir, stale)
+    trainer.update([TREE], CONFIG)
+    with ThreadPoolExecutor(max_workers=1) as torch_thread:
+        sync = WeightSync(engine, trainer.policy, list(range(1, 30)), 1e-3, "float32", torch_thread)
+        try:
+            if stale:
+                with pytest.raises(WeightSyncFailed, match="not serving the trained weights"):
+                    asyncio.run(sync.sync())
+            else:
+                assert asyncio.run(sync.sync()).probe_gap < 1e-5
+        finally:
+            sync.close()
