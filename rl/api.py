@@ -69,7 +69,7 @@ OVERRIDE_BOUNDS: dict[str, tuple[float, float]] = {
     "save_every": (1, 1000),
     "keep_checkpoints": (1, 10),
     "trainer_ranks": (1, 64),  # and no more than the server's cores or GPUs (requested_recipe)
-    "lora_rank": (0, 256),  # the server's engine needs max_lora_rank (RSTAR_ENGINE__MAX_LORA_RANK) at least this; else the first sync stops the run saying so
+    "lora_rank": (0, 256),  # and no more than the max_lora_rank the server's engine started with (requested_recipe)
 }
 MAX_DATA_BYTES = 512 * 1024 * 1024
 
@@ -112,6 +112,10 @@ def requested_recipe(body: RunRequest, settings: Settings) -> Recipe:
         check_world_size(recipe.stage_config(0).trainer_ranks)
     except ValueError as exc:
         raise APIError(400, str(exc), "config.trainer_ranks") from None
+    lora_rank, served = max(recipe.stage_config(i).lora_rank for i in range(len(recipe.stages))), settings.engine.max_lora_rank
+    if lora_rank > served:
+        raise APIError(400, f"lora_rank {lora_rank}: this server's engine serves LoRA adapters up to rank {served} (0: none); start the server with "
+                            f"RSTAR_ENGINE__MAX_LORA_RANK={lora_rank} or more, or train without lora_rank", "config.lora_rank")
     return recipe
 
 

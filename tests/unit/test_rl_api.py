@@ -90,6 +90,7 @@ def test_rl_takes_the_admin_key_not_the_chat_key(rl_server):
         ({"token_budget": 64}, "token_budget", "cannot be set over the API"),
         ({"lr": 1}, "lr", "unknown key"),
         ({"trainer_ranks": 64}, "trainer_ranks", "each rank needs one; use --trainer-ranks"),
+        ({"lora_rank": 8}, "lora_rank", "serves LoRA adapters up to rank 0 (0: none); start the server with RSTAR_ENGINE__MAX_LORA_RANK=8"),
     ],
 )
 def test_an_override_out_of_bounds_is_a_400_naming_the_knob_and_starts_nothing(rl_server, config, knob, says):
@@ -108,6 +109,17 @@ def test_bounded_overrides_within_range_start_the_run_with_them(rl_server):
     assert accepted.status_code == 202, accepted.text
     (_, spec), = started
     assert spec.recipe.stage_config(0).learning_rate == 2e-6 and spec.recipe.stage_config(0).prompts_per_step == 4
+
+
+def test_a_lora_run_starts_where_the_engine_serves_adapters_of_its_rank(rl_server):
+    from rstar.config import EngineSettings
+
+    client, _, started = rl_server(enable_rl=True, engine=EngineSettings(max_lora_rank=8))
+    assert client.post("/v1/rl/runs", json={"recipe": "cpu", "data": "problems.jsonl", "config": {"lora_rank": 16}}).json()["error"]["param"] == "config.lora_rank"
+    accepted = client.post("/v1/rl/runs", json={"recipe": "cpu", "data": "problems.jsonl", "config": {"lora_rank": 8}})
+    assert accepted.status_code == 202, accepted.text
+    (_, spec), = started
+    assert spec.recipe.stage_config(0).lora_rank == 8
 
 
 def test_files_must_be_regular_files_under_the_data_dir_and_run_ids_start_with_a_letter_or_digit(rl_server, tmp_path):
