@@ -90,3 +90,18 @@ def sandbox_host_processes(uid_base: int, count: int) -> list[int]:
 @pytest.fixture
 def sandbox_host_processes_fn():
     return sandbox_host_processes
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A two-layer Llama of random weights (vocabulary 64, tied embeddings), saved as a model dir: the trainer's
+    tests run on it in seconds."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return directory

@@ -12,18 +12,6 @@ from rstar.rl.packing import Branch, Tree, pack
 from rstar.rl.policy import ADAPTER_WEIGHTS, Policy
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)
-    directory = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(directory)
-    return directory
-
-
 CONFIG = GRPOConfig(lora_rank=4, learning_rate=1e-2, warmup_steps=0, weight_decay=0.0, compute_dtype="float32")
 TREE = Tree([1, 2, 3, 4], [Branch([5, 6, 7], [1, 1, 1], {"advantage": [1.0] * 3, "rollout_logprobs": [-4.0] * 3}),
                            Branch([8, 9, 10], [1, 1, 1], {"advantage": [-1.0] * 3, "rollout_logprobs": [-4.0] * 3})])

@@ -19,18 +19,6 @@ from rstar.server.trajectory import Trajectory
 PROMPT = [5, 6, 7, 8]
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)
-    directory = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(directory)
-    return directory
-
-
 def sample(response: list[int], reward: float, mask: list[int] | None = None) -> Sample:
     trajectory = Trajectory(prompt_ids=PROMPT, response_ids=response, response_mask=mask or [1] * len(response), logprobs=[-1.0] * len(response))
     return Sample(Problem("p", "q", "1"), trajectory, reward, "ok")
