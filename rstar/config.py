@@ -13,7 +13,7 @@ import platformdirs
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from rstar.sandbox.settings import SandboxSettings
+from rstar.sandbox.settings import CONTAINER_MAX_BYTES, CONTAINER_MAX_FILES, SandboxSettings
 from rstar.sandbox.tools import ToolProtocol
 from rstar.server.routing import Policy
 from rstar.server.schemas_containers import MemoryLimit
@@ -129,8 +129,8 @@ class ApiSettings(BaseModel):
 
 class ContainerSettings(BaseModel):
     max_file_bytes: int = Field(50 * 2**20, ge=1, description="Largest file one upload may put in a container (413 past it).")
-    max_files: int = Field(100, ge=1, description="Files one container may hold, uploaded and written by code together.")
-    max_bytes: int = Field(200 * 2**20, ge=1, description="Bytes of files one container may hold (413 past it).")
+    max_files: int = Field(CONTAINER_MAX_FILES, ge=1, description="Files one container may hold, uploaded and written by code together.")
+    max_bytes: int = Field(CONTAINER_MAX_BYTES, ge=1, description="Bytes of files one container may hold (413 past it; code that writes past it is stopped).")
     max_per_key: int = Field(20, ge=1, description="Live containers one API key (or, without one, the server) may have at once (429 past it).")
     max_memory_limit: MemoryLimit = Field("4g", description="Largest memory_limit a container may ask for (400 past it).")
 
@@ -192,6 +192,8 @@ class Settings(BaseSettings):
         # One directory for the API's container store and the sandbox's cells: the in-process pool is told where it is.
         if self.sandbox.containers_dir is None:
             self.sandbox.containers_dir = str(self.data_dir / "containers")
+        # The sandbox holds code to the same caps the API holds uploads to.
+        self.sandbox.container_max_files, self.sandbox.container_max_bytes = self.containers.max_files, self.containers.max_bytes
         return self
 
     @property

@@ -39,6 +39,7 @@ class Job:
         self.status_eof = False
         self.message: dict | None = None
         self.kill_reason: str | None = None
+        self.kill_detail: str | None = None  # why, for the caller, when the reason alone does not say
         self.session_new = False
 
     def take_output(self, stream: str, data: bytes) -> None:
@@ -83,6 +84,8 @@ def answer(job: Job, max_output_chars: int, now: float) -> dict:
     value = None
     if job.kill_reason is not None:
         status = job.kill_reason
+        if job.kill_detail:
+            stderr = (stderr + "\n" if stderr else "") + job.kill_detail
     elif job.message is not None:
         status = job.message.get("status")
         exit_code = job.message.get("exit_code")

@@ -138,6 +138,7 @@ def plan(settings: SandboxSettings, host: HostReport) -> LaunchPlan:
                               and not set(harden.GROUP_SYSCALLS) & set(host.seccomp_skipped)),
         "landlock": None,
         "containers_root": None,
+        "container_caps": {"max_files": settings.container_max_files, "max_bytes": settings.container_max_bytes},
     }
     if settings.containers_dir:
         # Traversable, not listable: a cell without Landlock still cannot find the other containers' ids.

@@ -8,6 +8,7 @@ killing their processes is the zygote's.
 from __future__ import annotations
 
 from .child import Child
+from .container_disk import Usage
 from .jobs import Job
 
 
@@ -16,6 +17,7 @@ class Session:
         self.index, self.child = index, child
         self.last_used = now
         self.job: Job | None = None  # the cell it is running
+        self.disk_before: Usage | None = None  # a container's: its data dir as its latest cell found it
 
     @property
     def busy(self) -> bool:

@@ -2,6 +2,10 @@
 
 from pydantic import BaseModel, Field, field_validator
 
+# A container's caps; the API's ContainerSettings starts from the same ones, and `rstar serve` hands its own to the sandbox.
+CONTAINER_MAX_FILES = 100
+CONTAINER_MAX_BYTES = 200 * 2**20
+
 
 class SandboxSettings(BaseModel):
     # --- semantics
@@ -37,6 +41,12 @@ class SandboxSettings(BaseModel):
     containers_dir: str | None = Field(
         None, description="Host directory of the API's containers (`<id>/data` each): a cell named by a container works in its data dir, seen "
         "at /mnt/data. `rstar serve` sets it to data_dir/containers; a separate sandbox service needs the same directory (a shared volume).")
+    container_max_files: int = Field(
+        CONTAINER_MAX_FILES, ge=1, description="Entries (files, directories, links, at any depth) a container's data dir may hold while code runs in it: "
+        "past it the interpreter is killed and what its latest cell wrote is removed. `rstar serve` sets it to containers.max_files.")
+    container_max_bytes: int = Field(
+        CONTAINER_MAX_BYTES, ge=1, description="Bytes a container's data dir may hold while code runs in it, enforced as container_max_files is. "
+        "`rstar serve` sets it to containers.max_bytes.")
     # --- sessions (chat)
     max_sessions: int = Field(8, description="Persistent sessions kept at once; the least recently used idle one is evicted.")
     session_ttl_s: float = Field(600.0, description="A session idle this long is killed and its state dropped.")

@@ -35,7 +35,7 @@ import socket
 import sys
 import time
 
-from . import harden, procs, protocol
+from . import container_disk, harden, procs, protocol
 from .child import Child, Container, own_container, prepare_scratch
 from .figures import Limits
 from .forker import Exited, Forker, ForkerGone, Spawned
@@ -73,6 +73,8 @@ class Zygote:
         # seccomp denies setsid/setpgid: nothing a cell starts can leave its process group, so killpg is complete.
         self.groups_sealed = bool(cfg["groups_sealed"])
         self.last_sweep = time.monotonic()
+        self.container_caps = container_disk.Caps.of_config(cfg["container_caps"])
+        self.next_disk_check = 0.0
 
     # ------------------------------------------------------------------------------------ set-up
     def slot_uid(self, slot: int) -> int | None:
@@ -162,11 +164,14 @@ class Zygote:
                     if job is not None:
                         self.finish(job)
             self.check_deadlines()
+            self.check_container_disks()
             self.sweep_strays()
 
     def next_timeout(self) -> float:
         now = time.monotonic()
         times = [job.deadline for job in self.all_jobs()] + self.sessions.expiries()
+        if self.container_sessions():
+            times.append(self.next_disk_check)
         return max(0.0, min(times) - now) if times else 1.0
 
     def all_jobs(self) -> list[Job]:
@@ -231,6 +236,11 @@ class Zygote:
                 except OSError as exc:  # deleted meanwhile
                     self.send(refusal(request["id"], "invalid_input", f"container {request['container']}: {exc}"))
                     return
+                usage = container_disk.measure(container.data_dir, self.container_caps)
+                if over := usage.over(self.container_caps):
+                    self.send(refusal(request["id"], "output_limit", f"container {request['container']} holds {over}: delete files before running code in it"))
+                    return
+                session.disk_before = usage  # what stays if this cell writes past the caps
             self.streams.discard_pending(session.child)
             job = Job(request, session.child, keep, session_id, now, self.status_max)
             job.session_new = new
@@ -291,6 +301,31 @@ class Zygote:
             # Back to the zygote's uid: the next session to get this uid may be another container's.
             with contextlib.suppress(OSError):  # the server deleted the container meanwhile
                 own_container(session.child.container.data_dir, os.getuid() if self.drop_uid else None)
+
+    def container_sessions(self) -> list[tuple[str, Session]]:
+        return [(sid, s) for sid, s in self.sessions.by_id.items() if s.disk_before is not None]
+
+    def check_container_disks(self) -> None:
+        """Every CHECK_S, each live container interpreter's data dir against the caps (container_disk.py)."""
+        now = time.monotonic()
+        if now < self.next_disk_check:
+            return
+        self.next_disk_check = now + container_disk.CHECK_S
+        for sid, session in self.container_sessions():
+            data_dir = session.child.container.data_dir
+            over = container_disk.measure(data_dir, self.container_caps).over(self.container_caps)
+            if over is None:
+                continue
+            procs.kill_group(session.child.pid)  # nothing may write while the dir is put back
+            removed = container_disk.remove_new(data_dir, session.disk_before, session.child.uid)
+            note = (f"The code was stopped: its container's files passed the container's cap ({over}); "
+                    f"{removed} files and directories written since this cell began were removed.")
+            if session.job is not None:
+                session.job.kill_reason, session.job.kill_detail = "output_limit", note
+                self.finish(session.job)  # and the session goes with its process
+            else:  # a thread or process the code left running between cells
+                print(f"session {sid}: {note}", file=sys.stderr)
+                self.close_session(sid)
 
     # ------------------------------------------------------------------------ ends of processes
     def on_exit(self, pid: int, status: int) -> None:
