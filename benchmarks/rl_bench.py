@@ -274,6 +274,7 @@ async def run(args, quick: bool) -> dict:
     from rstar.rl.grpo.config import GRPOConfig
     from rstar.rl.data import Problem
     from rstar.rl.policy import Policy, model_identity, resolve_compute_dtype
+    from rstar.rl.grpo.colocate import EngineSleep
     from rstar.rl.grpo.rollout import RolloutEnv
     from rstar.rl.grpo.train import probe_ids, probe_tolerance, run_step
     from rstar.rl.grpo.trainer import GRPOTrainer
@@ -326,11 +327,12 @@ async def run(args, quick: bool) -> dict:
                 trainer = GRPOTrainer(policy, config)
                 torch_thread = ThreadPoolExecutor(max_workers=1)  # as train_grpo does: all torch work on one thread
                 sync = WeightSync(engine, policy, probe_ids(env, problems[0]), probe_tolerance(config, dtype, engine.dtype), engine.dtype, torch_thread)
+                engine_sleep = EngineSleep(engine, config.sleep_engine)  # asleep during updates where the engine has sleep mode
                 state = TrainerState(step=0, data_cursor=0, model_identity=model_identity(Path(model_dir)))
                 rng = random.Random(f"{config.seed}/roc")
                 steps: list[dict] = []
                 for index in range(1 + our_steps):
-                    metrics = await run_step(env, trainer, sync, config, problems, state, rng, state.step, torch_thread)
+                    metrics = await run_step(env, trainer, sync, config, problems, state, rng, state.step, torch_thread, engine_sleep)
                     state.step += 1
                     state.data_cursor += config.prompts_per_step
                     row = step_row(metrics, index, warmup=index == 0)

@@ -226,6 +226,8 @@ async def _train_in_process(settings: Settings, recipe, problems, data: str, run
     engine_settings = settings.engine.model_copy(update={
         "max_model_len": max(settings.engine.max_model_len, window_needed(recipe, lengths)),
         "max_lora_rank": max(settings.engine.max_lora_rank, engine_lora_rank(recipe.stage_config(0).lora_rank)),
+        # Where vLLM has sleep mode the engine sleeps during updates (sleep_engine); elsewhere it starts without it.
+        "sleep_mode": settings.engine.sleep_mode or recipe.stage_config(0).sleep_engine,
     })
     console.print(f"starting the engine on {resolved.path} with a {engine_settings.max_model_len}-token window (on CPU about a minute, a first compiled start several)", highlight=False)
     # With RSTAR_ENGINE__REPLICAS > 1 rollouts go through the same router as the API's traffic.

@@ -49,6 +49,11 @@ class EngineSettings(BaseModel):
         description="Largest LoRA adapter rank the engine serves (vLLM enable_lora / max_lora_rank); 0: no LoRA. LoRA RL (`lora_rank` in a GRPO "
         "recipe) needs at least its rank; `rstar rl train` sets it. On CPU vLLM runs a LoRA engine eager (it turns compilation off).",
     )
+    sleep_mode: bool = Field(
+        False,
+        description="vLLM sleep mode (enable_sleep_mode): the engine can free its weights and KV cache while a trainer on the same devices "
+        "updates (RL's sleep_engine; `rstar rl train` sets it). CUDA, ROCm and XPU only: elsewhere (CPU) the engine starts without it and says so.",
+    )
     gpu_memory_utilization: float = Field(0.85, description="GPU only: fraction of device memory for weights + KV cache.")
     cpu_kv_cache_gib: int = Field(2, description="CPU only: KV-cache size (VLLM_CPU_KVCACHE_SPACE). 2 GiB holds the default model comfortably.")
     replicas: int = Field(

@@ -24,6 +24,7 @@ from rstar.server.engine_defaults import (
     EngineDefaults,
     choose_dtype,
     choose_eager,
+    choose_sleep_mode,
     choose_threads_bind,
     compile_cache_dir,
     compile_cache_present,
@@ -117,6 +118,17 @@ class TokenEngine(Protocol):
         """Serve base + the LoRA adapter in `adapter_dir` (peft's files) from now on; None: the base alone."""
         ...
 
+    @property
+    def sleep_unavailable(self) -> str | None:
+        """Why `sleep` cannot free this engine's memory, or None when it can."""
+        ...
+
+    async def sleep(self) -> None:
+        """Free the weights and KV cache for a trainer on the same devices; requests wait until `wake_up`."""
+        ...
+
+    async def wake_up(self) -> None: ...
+
     async def shutdown(self) -> None: ...
 
 
@@ -167,7 +179,15 @@ def choose_defaults(model_dir: str | Path, settings: EngineSettings, cache_dir: 
         kv_cache = f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE', settings.cpu_kv_cache_gib)} GiB"
     else:
         threads, kv_cache = None, f"{settings.gpu_memory_utilization:.0%} of GPU memory less the weights"
-    return EngineDefaults(dtype=dtype, eager=eager, threads_bind=threads, kv_cache=kv_cache, compile_cache=None if eager.value else cache)
+    sleep_mode = choose_sleep_mode(settings.sleep_mode, accelerator_kind, sleep_mode_available())
+    return EngineDefaults(dtype=dtype, eager=eager, threads_bind=threads, kv_cache=kv_cache, compile_cache=None if eager.value else cache, sleep_mode=sleep_mode)
+
+
+def sleep_mode_available() -> bool:
+    """Whether vLLM has sleep mode on this platform (it refuses to start with it elsewhere)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_sleep_mode_available()
 
 
 @contextlib.contextmanager
@@ -289,6 +309,7 @@ class VllmEngine:
             # without vLLM's per-interval logging logger.
             disable_log_stats=True,
             worker_extension_cls=f"{WeightReloadExtension.__module__}.{WeightReloadExtension.__qualname__}",
+            enable_sleep_mode=bool(defaults.sleep_mode and defaults.sleep_mode.value),
             **whole_prefill,
             **lora,
             **({"compilation_config": compilation} if compilation else {}),
@@ -469,6 +490,25 @@ class VllmEngine:
         if previous is not None:
             await self.llm.remove_lora(previous.lora_int_id)
         self.weight_version += 1
+
+    @property
+    def sleep_unavailable(self) -> str | None:
+        chosen = self.defaults.sleep_mode if self.defaults is not None else None
+        if chosen is None:
+            return "the engine was started without sleep mode (the engine setting sleep_mode, RSTAR_ENGINE__SLEEP_MODE=true)"
+        return None if chosen.value else chosen.why
+
+    async def sleep(self) -> None:
+        """Level 1: the weights go to host memory and the KV cache is dropped (vLLM frees the device memory). In-flight
+        requests finish first ("wait": a server-hosted run's API answers are delayed, never aborted); new ones queue."""
+        if reason := self.sleep_unavailable:
+            raise EngineFailed(f"cannot sleep: {reason}")
+        await self.llm.sleep(level=1, mode="wait")
+
+    async def wake_up(self) -> None:
+        """Weights back from host memory and a fresh KV cache; queued requests then run. A weight sync after this
+        loads into the woken weights."""
+        await self.llm.wake_up()
 
     async def reset_prefix_cache(self) -> None:
         """Drop every cached KV block no running request holds (new weights; a benchmark starting cold)."""

@@ -87,6 +87,16 @@ def choose_eager(setting: bool | str, accelerator_kind: str, cpu: CpuInfo, compi
                          "generate faster than eager ones (benchmarks/README.md, server_bench)")
 
 
+def choose_sleep_mode(setting: bool, platform: str, platform_has_it: bool) -> Choice | None:
+    """vLLM's sleep mode, asked for by a colocated trainer (None: not asked). vLLM refuses to start with it where
+    the platform has none, so there the engine starts without it, and the reason says so."""
+    if not setting:
+        return None
+    if not platform_has_it:
+        return Choice(False, f"vLLM has no sleep mode on {platform} (CUDA, ROCm and XPU only)")
+    return Choice(True, "a colocated trainer frees the engine's weights and KV cache while it updates")
+
+
 def compile_cache_dir(cache_dir: Path, factors: dict) -> Path:
     """The VLLM_CACHE_ROOT of one model and configuration: a directory per distinct set of factors (model, its
     config, dtype, shapes, vLLM and torch versions, CPU), so that whether it holds a compiled graph says whether
@@ -120,6 +130,7 @@ class EngineDefaults:
     threads_bind: Choice | None  # None on GPUs
     kv_cache: str  # e.g. "2 GiB" or "85% of GPU memory"
     compile_cache: Path | None  # None when eager
+    sleep_mode: Choice | None = None  # None: not asked for
 
 
 def engine_environment(defaults: EngineDefaults, accelerator_kind: str, cpu_kv_cache_gib: int, environ: Mapping[str, str]) -> dict[str, str]:
@@ -152,4 +163,6 @@ def describe(defaults: EngineDefaults) -> str:
     if defaults.threads_bind is not None:
         parts.append(f"threads {defaults.threads_bind.value or 'vLLM default'} ({defaults.threads_bind.why})")
     parts.append(f"kv cache {defaults.kv_cache}")
+    if defaults.sleep_mode is not None:
+        parts.append(f"sleep mode {'on' if defaults.sleep_mode.value else 'off'} ({defaults.sleep_mode.why})")
     return "engine defaults: " + ", ".join(parts)

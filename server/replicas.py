@@ -398,6 +398,10 @@ class ReplicatedEngine:
                 done[lease.index] = result
         return done
 
+    # Sleeping N replicas for a colocated trainer (each replica's own sleep, and a replica restarting meanwhile kept
+    # asleep) is not built: an RL run on replicas says so and keeps them awake.
+    sleep_unavailable = "sleep mode across engine replicas is not built"
+
     async def reload_weights(self, weights_dir: str | Path) -> None:
         """New weights on every replica; one that fails to load is lost and restarts with them. Replicas restarting
         meanwhile load them once up, so every replica serving afterwards runs `weight_version`."""

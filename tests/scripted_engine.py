@@ -53,6 +53,8 @@ class ScriptedEngine:
     fail_after_tokens: int | None = None  # raise mid-stream, as an engine crash would
     kv_capacity_tokens: int = 0  # reported in stats, for routing by free KV cache
     adapter: str | None = None  # the LoRA adapter dir load_adapter was given last
+    sleep_unavailable: str | None = "a scripted engine holds no device memory to free"  # None: sleep and wake_up work
+    asleep: bool = False
     closed: bool = False
 
     def __post_init__(self) -> None:
@@ -65,6 +67,7 @@ class ScriptedEngine:
         return self.tokenizer.encode(reply, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids(TURN_END)]
 
     async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions, request_id: str | None = None) -> AsyncIterator[TokenDelta]:
+        self._awake("generate")
         request_id = request_id or uuid.uuid4().hex
         self.prompts.append(list(prompt_ids))
         self.sampling.append(options)
@@ -112,11 +115,25 @@ class ScriptedEngine:
         return {0: await self.prompt_logprobs(token_ids)}
 
     async def reload_weights(self, weights_dir: str | Path) -> None:
+        self._awake("reload weights")
         self.weight_version += 1
 
     async def load_adapter(self, adapter_dir: str | Path | None) -> None:
+        self._awake("load an adapter")
         self.adapter = str(adapter_dir) if adapter_dir is not None else None
         self.weight_version += 1
+
+    def _awake(self, doing: str) -> None:
+        # A real engine asleep holds no weights: a reload would land in freed memory, a generation would wait.
+        if self.asleep:
+            raise RuntimeError(f"asked to {doing} while asleep")
+
+    async def sleep(self) -> None:
+        assert self.sleep_unavailable is None, self.sleep_unavailable
+        self.asleep = True
+
+    async def wake_up(self) -> None:
+        self.asleep = False
 
     async def shutdown(self) -> None:
         self.closed = True

@@ -85,6 +85,12 @@ class GRPOConfig(ToolSettings):
         1, ge=1, description="Trainer processes on this machine, the policy sharded across them with FSDP2 (one per GPU; on CPU one per core, gloo). "
         "Read from the first stage. Not in the release (verl shards over its Ray workers).",
     )
+    sleep_engine: bool = Field(
+        True, description="Colocated trainer and engine (the release's hybrid engine): the engine sleeps while the trainer updates (vLLM sleep mode, "
+        "level 1: weights to host memory, KV cache dropped) and wakes before the weight sync, so the update has the devices' memory "
+        "(verl's rollout.free_cache_engine=True, as released). Where vLLM has no sleep mode (CPU) or the engine runs as replicas, one line "
+        "says so at the run's start and the engine stays awake. Read from the first stage.",
+    )
     # --- LoRA (not in the paper or the release: both train every weight of the 14B model, on 64 MI300X)
     lora_rank: int = Field(
         0, ge=0, le=256, description="0: full fine-tuning, as the paper and the release do. R > 0: train a rank-R LoRA adapter (peft) on the frozen base, "

@@ -1,8 +1,8 @@
 """The GRPO-RoC training loop. Each step, in the released order:
 
     rollout (the serving engine, all samples at once) -> reward (sandbox) -> reject-equal + RoC
-    -> GRPO advantages on the kept samples -> one token-mean PPO-clip update -> weight sync + probe
-    -> metrics to the database -> checkpoint
+    -> GRPO advantages on the kept samples -> one token-mean PPO-clip update (the engine asleep, where it can
+    sleep: colocate.py) -> weight sync + probe -> metrics to the database -> checkpoint
 
 A run resumes from its last checkpoint when started again with the same run id (after a crash or kill -9):
 steps after that checkpoint are forgotten and redone with the same problems and sampling seeds, so nothing
@@ -24,6 +24,7 @@ import torch
 
 from rstar.rl.checkpoint import TrainerState, latest_checkpoint, prune_checkpoints, read_state, write_checkpoint
 from rstar.rl.data import Problem
+from rstar.rl.grpo.colocate import EngineSleep
 from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.downsample import Selection, downsample
 from rstar.rl.grpo.ranks import TrainerRanks
@@ -171,6 +172,7 @@ async def _train(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store:
     # the default executor's threads grew the process from 5 to 10 GiB in three steps (measured by rl_bench).
     torch_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rstar-trainer")
     sync = WeightSync(env.engine, policy, probe_ids(env, problems[0]), probe_tolerance(config, dtype, spec.engine_dtype), spec.engine_dtype, torch_thread)
+    engine_sleep = EngineSleep(env.engine, config.sleep_engine)
     try:
         if checkpoint is not None or env.engine.weight_version > 0:
             await sync.sync()  # the engine must serve the weights this run continues from
@@ -184,7 +186,7 @@ async def _train(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store:
                     trainer.reset_optimizer(config)
                 # The data cursor runs on across stages: a stage does not replay the order the last one began with.
                 stage_problems = await stage_data(env, stage, config, problems, state, step)
-            metrics = await run_step(env, trainer, sync, config, stage_problems, state, rng, step, torch_thread)
+            metrics = await run_step(env, trainer, sync, config, stage_problems, state, rng, step, torch_thread, engine_sleep)
             state.step = step + 1
             state.data_cursor += config.prompts_per_step
             store.record_step(spec.run_id, state.step, stage.name, metrics)
@@ -217,7 +219,8 @@ async def stage_data(env: RolloutEnv, stage, config: GRPOConfig, problems: list[
 
 
 async def run_step(
-    env: RolloutEnv, trainer: GRPOTrainer, sync: WeightSync, config: GRPOConfig, problems: list[Problem], state: TrainerState, rng: random.Random, step: int, torch_thread: Executor
+    env: RolloutEnv, trainer: GRPOTrainer, sync: WeightSync, config: GRPOConfig, problems: list[Problem], state: TrainerState, rng: random.Random, step: int,
+    torch_thread: Executor, engine_sleep: EngineSleep,
 ) -> dict:
     started = time.perf_counter()
     batch = [problems[i] for i in data_order(len(problems), config.seed, state.data_cursor, config.prompts_per_step)]
@@ -238,7 +241,8 @@ async def run_step(
     }
     if not trees:  # every group all right or all wrong: no advantage anywhere, nothing to learn or sync
         return {**measured, "trained": False, "weight_version": env.engine.weight_version, "step_s": time.perf_counter() - started}
-    train_stats = await asyncio.get_running_loop().run_in_executor(torch_thread, trainer.update, trees, config)
+    async with engine_sleep.asleep():  # awake again before the sync below loads into it
+        train_stats = await asyncio.get_running_loop().run_in_executor(torch_thread, trainer.update, trees, config)
     trained = time.perf_counter()
     if config.max_logprob_gap is not None and train_stats["logprob_gap"] > config.max_logprob_gap:
         raise WeightSyncFailed(

@@ -1,0 +1,145 @@
+"""Colocated trainer and engine: the engine sleeps for the update and wakes before the weight sync and the next
+rollouts; where vLLM has no sleep mode (this CPU) the run says so in one line and goes on awake."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+
+from rstar.rl.checkpoint import TrainerState
+from rstar.rl.data import Problem
+from rstar.rl.grpo.colocate import EngineSleep
+from rstar.rl.grpo.config import GRPOConfig
+from rstar.rl.grpo.rollout import RolloutEnv
+from rstar.rl.grpo.train import run_step
+from rstar.sandbox.schemas import VerifyResult
+from rstar.sandbox.verify import score
+from rstar.server.chat_template import rstar_template
+from rstar.server.engine import VllmEngine
+from rstar.server.engine_defaults import Choice, EngineDefaults, choose_sleep_mode, describe
+from tests.scripted_engine import ScriptedEngine
+from tests.scripted_sandbox import ScriptedSandbox
+
+RIGHT, WRONG = "</reason>\n<answer>\\boxed{2}</answer>", "</reason>\n<answer>\\boxed{3}</answer>"
+
+
+class Grading(ScriptedSandbox):
+    async def verify(self, response, gold, timeout_s=None, rule="boxed"):
+        return VerifyResult(correct=score(response, gold, rule), status="ok")
+
+
+class SleepingEngine(ScriptedEngine):
+    """A scripted engine with sleep mode that writes down, in order, every rollout, sleep, wake and reload."""
+
+    def __init__(self, tokenizer, events: list[str]):
+        super().__init__(tokenizer, [RIGHT, WRONG] * 20, sleep_unavailable=None)
+        self.events = events
+
+    async def generate(self, prompt_ids, options, request_id=None):
+        if not self.events or self.events[-1] != "rollout":
+            self.events.append("rollout")
+        async for delta in super().generate(prompt_ids, options, request_id):
+            yield delta
+
+    async def sleep(self) -> None:
+        await super().sleep()
+        self.events.append("sleep")
+
+    async def wake_up(self) -> None:
+        await super().wake_up()
+        self.events.append("wake")
+
+
+class Trainer:
+    def __init__(self, engine: ScriptedEngine, events: list[str], fail: bool = False):
+        self.engine, self.events, self.fail = engine, events, fail
+
+    def update(self, trees, config):
+        assert self.engine.asleep, "the update ran beside an awake engine"
+        self.events.append("update")
+        if self.fail:
+            raise RuntimeError("out of memory")
+        return {"logprob_gap": 0.0}
+
+
+class Sync:
+    def __init__(self, engine: ScriptedEngine, events: list[str]):
+        self.engine, self.events = engine, events
+
+    async def sync(self):
+        await self.engine.reload_weights("unused")  # the scripted engine refuses a reload while asleep
+        self.events.append("sync")
+        return SimpleNamespace(weight_version=self.engine.weight_version, probe_gap=0.0, probe_change=None, probe_followed=None, probe_replicas=1,
+                               write_s=0.0, reload_s=0.0, seconds=0.0)
+
+
+CONFIG = GRPOConfig(prompts_per_step=1, rollouts_per_prompt=2, keep_per_prompt=2, downsample="none", max_turns=1, max_response_tokens=64, reward="boxed")
+
+
+def steps(engine: ScriptedEngine, trainer, events: list[str], count: int) -> None:
+    env = RolloutEnv(engine, rstar_template(engine.tokenizer), Grading())
+    state = TrainerState(step=0, data_cursor=0, model_identity={})
+    engine_sleep = EngineSleep(engine, CONFIG.sleep_engine)
+    with ThreadPoolExecutor(max_workers=1) as torch_thread:
+        for step in range(count):
+            asyncio.run(run_step(env, trainer, Sync(engine, events), CONFIG, [Problem("p", "What is 1 + 1?", "2")], state, random.Random(0), step, torch_thread, engine_sleep))
+
+
+def test_the_engine_sleeps_for_the_update_and_wakes_before_the_sync_and_the_next_rollouts(default_tokenizer):
+    assert CONFIG.sleep_engine  # the release's hybrid engine frees the rollout memory for training
+    events: list[str] = []
+    engine = SleepingEngine(default_tokenizer, events)
+    steps(engine, Trainer(engine, events), events, count=2)
+    assert events == ["rollout", "sleep", "update", "wake", "sync"] * 2
+
+
+def test_a_failed_update_still_wakes_the_engine(default_tokenizer):
+    events: list[str] = []
+    engine = SleepingEngine(default_tokenizer, events)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        steps(engine, Trainer(engine, events, fail=True), events, count=1)
+    assert events == ["rollout", "sleep", "update", "wake"] and not engine.asleep  # a server-hosted run's engine serves on
+
+
+def unstarted_engine(sleep_mode: Choice | None) -> VllmEngine:
+    defaults = EngineDefaults(dtype=Choice("float32", ""), eager=Choice(True, ""), threads_bind=None, kv_cache="2 GiB", compile_cache=None, sleep_mode=sleep_mode)
+    return VllmEngine(llm=None, model_name="m", max_model_len=64, tokenizer=None, defaults=defaults)
+
+
+def test_on_this_cpu_vllm_has_no_sleep_mode_and_the_run_says_so_once(caplog):
+    import torch
+
+    from rstar.server.engine import sleep_mode_available
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU machine: vLLM has sleep mode there")
+    assert sleep_mode_available() is False  # vllm.platforms.current_platform on the CPU build
+    engine = unstarted_engine(choose_sleep_mode(True, "cpu", sleep_mode_available()))
+    with caplog.at_level(logging.WARNING, logger="rstar.rl"):
+        engine_sleep = EngineSleep(engine, wanted=True)
+    assert not engine_sleep.active
+    assert [r.getMessage() for r in caplog.records] == [
+        "sleep_engine: vLLM has no sleep mode on cpu (CUDA, ROCm and XPU only); the engine keeps its weights and KV cache in memory while the trainer updates"
+    ]
+
+
+def test_an_engine_started_without_sleep_mode_is_named_and_a_run_that_does_not_want_it_says_nothing(caplog):
+    with caplog.at_level(logging.WARNING, logger="rstar.rl"):
+        assert not EngineSleep(unstarted_engine(None), wanted=False).active
+        assert caplog.records == []
+        assert not EngineSleep(unstarted_engine(None), wanted=True).active
+    assert "RSTAR_ENGINE__SLEEP_MODE=true" in caplog.records[0].getMessage()
+    assert unstarted_engine(Choice(True, "")).sleep_unavailable is None
+
+
+def test_sleep_mode_is_chosen_from_the_setting_and_the_platform():
+    assert choose_sleep_mode(False, "cuda", True) is None
+    assert choose_sleep_mode(True, "cuda", True).value is True
+    refused = choose_sleep_mode(True, "cpu", False)
+    assert refused.value is False and "cpu" in refused.why
+    assert describe(unstarted_engine(refused).defaults).endswith(f"sleep mode off ({refused.why})")
