@@ -42,7 +42,7 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         async with serving_lifespan(app, settings, engine_factory, model_name, sandbox_factory):
-            purging = asyncio.create_task(purge_expired_periodically(app.state.containers))
+            purging = asyncio.create_task(purge_expired_periodically(app.state.containers, app.state.serving.sandbox))
             try:
                 yield
             finally:

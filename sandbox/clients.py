@@ -27,6 +27,7 @@ class SandboxClient(Protocol):
     async def run_batch(self, requests: list) -> list[RunResult]: ...
     async def verify(self, response: str, gold: str, timeout_s: float | None = None, rule: RewardRule = "boxed") -> VerifyResult: ...
     async def close_session(self, session_id: str) -> None: ...
+    async def close_container(self, container_id: str) -> None: ...
     async def health(self) -> dict: ...
     async def close(self) -> None: ...
 
@@ -61,6 +62,9 @@ class LocalClient(_Context):
 
     async def close_session(self, session_id: str) -> None:
         await self.pool.close_session(session_id)
+
+    async def close_container(self, container_id: str) -> None:
+        await self.pool.close_session(container_id)  # the zygote keeps a container's interpreter as the session of its id
 
     async def health(self) -> dict:
         return self.pool.health()
@@ -111,6 +115,9 @@ class HttpClient(_Context):
 
     async def close_session(self, session_id: str) -> None:
         await self._http.delete(f"/sessions/{session_id}")
+
+    async def close_container(self, container_id: str) -> None:
+        (await self._http.delete(f"/containers/{container_id}/session")).raise_for_status()
 
     async def health(self) -> dict:
         return (await self._http.get("/health")).json()

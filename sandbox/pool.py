@@ -324,8 +324,12 @@ class SandboxPool:
                             duration_s=answer.get("duration_s", 0.0), detail=answer.get("stderr", "")[-500:])
 
     async def close_session(self, session_id: str) -> None:
-        zygote = await self._ensure_zygote()
-        await zygote.send({"op": "close_session", "session": session_id})
+        """End a session's interpreter (a container's is the session named by its id). A cell running in it
+        ends first, by its deadline at most: the zygote answers no cell of a session it closed, so that
+        cell's caller would wait out the grace and then restart the whole zygote."""
+        async with self._session_locks.get(session_id) or contextlib.nullcontext():
+            zygote = await self._ensure_zygote()
+            await zygote.send({"op": "close_session", "session": session_id})
         self._session_locks.pop(session_id, None)
 
     async def processes(self) -> list[dict]:

@@ -107,7 +107,8 @@ class RayPool:
 
     async def run(self, request: RunRequest | dict) -> RunResult:
         payload = request.model_dump() if isinstance(request, RunRequest) else request
-        session = payload.get("session_id") if isinstance(payload, dict) else None
+        # A container's cells share one interpreter too: they stick to one actor as a session's do.
+        session = (payload.get("session_id") or payload.get("container_id")) if isinstance(payload, dict) else None
         return RunResult.model_validate(await self._call(self._pick(session if isinstance(session, str) else None),
                                                          "run", payload))
 
@@ -121,6 +122,9 @@ class RayPool:
         index = self.sessions.pop(session_id, None)
         if index is not None:
             await self._call(index, "close_session", session_id)
+
+    async def close_container(self, container_id: str) -> None:
+        await self.close_session(container_id)  # its interpreter is the session of its id on the actor it sticks to
 
     async def health(self) -> dict:
         reports = await asyncio.gather(*(actor.health.remote() for actor in self.actors))

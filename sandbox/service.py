@@ -9,7 +9,8 @@ the body is not JSON at all); nothing a client sends can take the service down.
 What a caller is allowed: with `token` set, every route but /health needs `Authorization: Bearer <token>`.
 Bodies must be `application/json` (a cross-site form or `text/plain` POST runs nothing) and are cut off at
 MAX_BODY_BYTES while they are read; a batch holds at most `max_batch` requests. Session ids are scoped to
-their creator (its address and credential), so no other client can run in a session or close it.
+their creator (its address and credential), so no other client can run in a session or close it. A
+container's interpreter is named by the container's id alone, in `/run` and `DELETE /containers/{id}/session`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import uuid
 from collections.abc import Awaitable
 from contextlib import asynccontextmanager
@@ -30,7 +32,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from rstar.asgi import ClientDisconnected, cancel_on_disconnect
 
 from .pool import SandboxPool
-from .schemas import (BatchResult, CodeJudgeBatch, CodeJudgeBatchResult, CodeJudgeSubmission, RunResult,
+from .schemas import (CONTAINER_ID, BatchResult, CodeJudgeBatch, CodeJudgeBatchResult, CodeJudgeSubmission, RunResult,
                       VerifyRequest, error_result, is_code_judge, request_from_submission, to_code_judge)
 from .settings import SandboxSettings
 
@@ -186,6 +188,15 @@ def create_app(settings: SandboxSettings | None = None, pool: SandboxPool | None
     async def close_session(session_id: str, request: Request) -> dict:
         await pool.close_session(_scoped({"session_id": session_id}, _owner(request))["session_id"])
         return {"closed": session_id}
+
+    @app.delete("/containers/{container_id}/session")
+    async def close_container(container_id: str) -> Any:
+        """End a container's interpreter (the API deleted it or it expired). Unlike session ids, a container id
+        is not scoped to its caller: it is the container's one name in /run too, and unguessable."""
+        if not re.fullmatch(CONTAINER_ID, container_id):
+            return _invalid(f"{container_id!r} is not a container id")
+        await pool.close_session(container_id)
+        return {"closed": container_id}
 
     @app.get("/health")
     async def health() -> JSONResponse:

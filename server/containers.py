@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import BinaryIO, get_args
 
 from rstar.config import ContainerSettings
+from rstar.sandbox.clients import SandboxClient
 from rstar.server.errors import APIError
 from rstar.server.schemas_containers import Container, ContainerCreate, ContainerFile, MemoryLimit
 
@@ -96,13 +97,14 @@ class ContainerStore:
             self._write(meta)
         return _container(meta)
 
-    def purge_expired(self, now: float | None = None) -> int:
+    def purge_expired(self, now: float | None = None) -> list[str]:
+        """Remove the expired containers with their files; their ids."""
         now = time.time() if now is None else now
         with self._lock:
             expired = [m["id"] for m in self._all() if is_expired(m, now)]
             for container_id in expired:
                 shutil.rmtree(self.root / container_id, ignore_errors=True)
-        return len(expired)
+        return expired
 
     # -- files
 
@@ -244,12 +246,31 @@ def _copy_bounded(source: BinaryIO, target: Path, max_bytes: int) -> int | None:
     return size
 
 
-async def purge_expired_periodically(store: ContainerStore, interval_s: float = PURGE_INTERVAL_S) -> None:
-    """Remove expired containers and their files now, then every `interval_s`, in a thread off the event loop."""
+async def stop_interpreter(sandbox: SandboxClient, container_id: str) -> None:
+    """End the interpreter the sandbox keeps for a container that is gone, so no process runs on for it. A
+    sandbox that cannot be reached is only logged: the container is gone either way, and the sandbox ends
+    the interpreter after its session_ttl_s of idleness."""
+    try:
+        await sandbox.close_container(container_id)
+    except Exception as exc:
+        log.warning("the interpreter of container %s was not stopped: %s: %s", container_id, type(exc).__name__, exc)
+
+
+async def purge_expired(store: ContainerStore, sandbox: SandboxClient, now: float | None = None) -> list[str]:
+    """Remove the expired containers and their files (in a thread, off the event loop) and stop their
+    interpreters; their ids."""
+    purged = await asyncio.to_thread(store.purge_expired, now)
+    for container_id in purged:
+        await stop_interpreter(sandbox, container_id)
+    return purged
+
+
+async def purge_expired_periodically(store: ContainerStore, sandbox: SandboxClient, interval_s: float = PURGE_INTERVAL_S) -> None:
+    """`purge_expired` now, then every `interval_s`."""
     while True:
         try:
-            if purged := await asyncio.to_thread(store.purge_expired):
-                log.info("removed %d expired containers", purged)
+            if purged := await purge_expired(store, sandbox):
+                log.info("removed %d expired containers", len(purged))
         except Exception:
             log.exception("removing expired containers failed; trying again in %.0f s", interval_s)
         await asyncio.sleep(interval_s)

@@ -2,7 +2,8 @@
 retrieve, content, delete). A container belongs to the API key that made it (`key_owner`); another key's is a 404.
 
 The plain functions run in FastAPI's thread pool, so their file I/O stays off the event loop; the upload is
-async only to parse the multipart body, and writes the file in a thread.
+async to parse the multipart body, and writes the file in a thread; the delete is async to stop the
+container's interpreter in the sandbox too.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from rstar.server.auth import API_KEY, key_owner
-from rstar.server.containers import ContainerStore
+from rstar.server.containers import ContainerStore, stop_interpreter
 from rstar.server.errors import APIError
 from rstar.server.schemas_containers import Container, ContainerCreate, ContainerFile, Deleted, ListPage
 
@@ -41,8 +42,10 @@ def retrieve_container(container_id: str, request: Request) -> Container:
 
 
 @router.delete("/{container_id}")
-def delete_container(container_id: str, request: Request) -> Deleted:
-    _store(request).delete(container_id, key_owner(request))
+async def delete_container(container_id: str, request: Request) -> Deleted:
+    await asyncio.to_thread(_store(request).delete, container_id, key_owner(request))
+    if (serving := getattr(request.app.state, "serving", None)) is not None:  # None: no lifespan ran, no sandbox holds anything
+        await stop_interpreter(serving.sandbox, container_id)
     return Deleted(id=container_id, object="container.deleted")
 
 

@@ -23,6 +23,7 @@ class ScriptedSandbox:
     error: Exception | None = None  # raised by every run: the sandbox itself is unreachable or broken
     requests: list[RunRequest] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)  # code of runs cancelled mid-way
+    closed_containers: list[str] = field(default_factory=list)  # ids whose interpreter the server stopped
     running: int = 0
     most_running: int = 0  # the most runs in flight at once
     started: bool = False
@@ -66,6 +67,9 @@ class ScriptedSandbox:
 
     async def close_session(self, session_id: str) -> None:
         pass
+
+    async def close_container(self, container_id: str) -> None:
+        self.closed_containers.append(container_id)
 
     async def health(self) -> dict:
         return {"status": "ok" if self.started and not self.closed else "closed", "scripted": True}

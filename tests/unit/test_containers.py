@@ -89,8 +89,8 @@ def test_another_keys_container_is_a_404_and_stays_untouched(tmp_path, client):
 def test_an_expired_container_is_gone_and_purged(client, tmp_path):
     container = client.containers.create(name="short", expires_after={"anchor": "last_active_at", "minutes": 1})
     store: ContainerStore = client._client.app.state.containers
-    assert store.purge_expired() == 0
-    assert store.purge_expired(now=time.time() + 61) == 1
+    assert store.purge_expired() == []
+    assert store.purge_expired(now=time.time() + 61) == [container.id]
     assert not (tmp_path / "containers" / container.id).exists()
     with pytest.raises(openai.NotFoundError):
         client.containers.retrieve(container.id)

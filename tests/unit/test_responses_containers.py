@@ -4,9 +4,12 @@ naming the field; on the scripted engine and sandbox."""
 
 from __future__ import annotations
 
+import time
+
 import openai
 import pytest
 
+from rstar.server.containers import purge_expired
 from tests.scripted_engine import call
 from tests.unit.api_server import TOOL_TURNS, make_server  # noqa: F401 (fixture)
 
@@ -73,3 +76,35 @@ def test_a_chat_completion_may_name_a_container_too(make_server):
         with pytest.raises(openai.APIStatusError) as refused:
             client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}], extra_body={"container": bad})
         assert (refused.value.status_code, refused.value.body["param"]) == (status, "container")
+
+
+def test_deleting_or_expiring_a_container_stops_its_interpreter(make_server):
+    client, http, _, _ = make_server(replies=TOOL_TURNS * 2, api_key="key-a")
+    sandbox = http.app.state.serving.sandbox
+    deleted, expiring = (client.containers.create(name=name, expires_after={"anchor": "last_active_at", "minutes": 1}) for name in ("deleted", "expiring"))
+    client.containers.delete(deleted.id)
+    purged = http.portal.call(purge_expired, http.app.state.containers, sandbox, time.time() + 61)
+    assert (purged, sandbox.closed_containers) == ([expiring.id], [deleted.id, expiring.id])
+
+
+def test_on_the_real_sandbox_no_interpreter_outlives_its_container(make_server, tmp_path):
+    from rstar.sandbox.clients import LocalClient
+    from rstar.sandbox.settings import SandboxSettings
+
+    sandbox = LocalClient(SandboxSettings(workers=1, spare_cells=1, max_sessions=2, uid_base=62200, containers_dir=str(tmp_path / "containers")))
+    client, http, _, _ = make_server(replies=TOOL_TURNS * 2, sandbox=sandbox, api_key="key-a")
+
+    def sessions() -> int:
+        return [p["role"] for p in http.portal.call(sandbox.pool.processes)].count("session")
+
+    def run_a_cell(container_id: str) -> None:
+        client.responses.create(model="scripted", input="6*7?", tools=[{"type": "code_interpreter", "container": container_id}])
+
+    deleted, expiring = (client.containers.create(name=name, expires_after={"anchor": "last_active_at", "minutes": 1}) for name in ("deleted", "expiring"))
+    run_a_cell(deleted.id)
+    run_a_cell(expiring.id)
+    assert sessions() == 2
+    client.containers.delete(deleted.id)
+    assert sessions() == 1
+    http.portal.call(purge_expired, http.app.state.containers, sandbox, time.time() + 61)
+    assert sessions() == 0

@@ -3,7 +3,9 @@ container's memory cap, and cannot reach another container's files; bad requests
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 
 import pytest
 
@@ -83,3 +85,21 @@ def test_a_closed_container_session_gives_its_files_back_to_the_zygote(container
     pool.run("print(1)")  # the zygote has read the close by the time it answers this
     kept = root / B / "data" / "kept.txt"
     assert kept.read_text() == "kept" and os.stat(kept).st_uid == os.getuid() and os.stat(root / B / "data").st_mode & 0o077 == 0
+
+
+def test_closing_a_container_s_session_while_its_cell_runs_lets_the_cell_finish_first(containers):
+    """The zygote answers no cell of a session it closed: without waiting, the cell's caller got internal_error
+    only after its deadline and the grace, and the whole zygote was restarted."""
+    pool, _ = containers
+
+    async def run_and_close():
+        running = asyncio.ensure_future(pool.pool.run({"code": "import time\ntime.sleep(0.5)\nprint('done')", "container_id": C}))
+        await asyncio.sleep(0.2)
+        await pool.pool.close_session(C)
+        return await running
+
+    started, restarts = time.monotonic(), pool.pool.metrics.zygote_restarts
+    result = pool.call(run_and_close())
+    assert (result.status, result.stdout) == ("ok", "done\n") and time.monotonic() - started < 3, result
+    assert pool.pool.metrics.zygote_restarts == restarts
+    assert pool.run("print(1)", container_id=C).session_new is True

@@ -4,16 +4,21 @@ tests/unit/test_sandbox_service.py drives the real service)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from rstar.sandbox import service
+from rstar.sandbox.clients import HttpClient
 from rstar.sandbox.schemas import RunResult
 from rstar.sandbox.settings import SandboxSettings
+
+CONTAINER = "cntr_" + "a" * 32
 
 
 class RecordingPool:
@@ -100,7 +105,8 @@ def test_batches_are_bounded(sandbox_app):
 def test_a_token_guards_every_route_but_health(sandbox_app):
     client, pool = sandbox_app(token="t0ken")
     assert client.get("/health").status_code == 200
-    for method, path in (("post", "/run"), ("post", "/run/batch"), ("post", "/verify"), ("delete", "/sessions/s"), ("get", "/metrics")):
+    routes = (("post", "/run"), ("post", "/run/batch"), ("post", "/verify"), ("delete", "/sessions/s"), ("delete", f"/containers/{CONTAINER}/session"), ("get", "/metrics"))
+    for method, path in routes:
         for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Bearer "}):
             kwargs = {"json": {"code": "1"}} if method == "post" else {}
             assert getattr(client, method)(path, headers=headers, **kwargs).status_code == 401, (path, headers)
@@ -118,6 +124,16 @@ def test_sessions_are_scoped_to_their_creator(sandbox_app):
     assert first != second and first == batched and first.endswith("/s")
     client.delete("/sessions/s", headers=theirs)
     assert pool.closed == [second]  # theirs, not mine
+
+
+def test_a_container_s_interpreter_is_closed_by_the_container_s_id_alone(sandbox_app):
+    client, pool = sandbox_app()
+    http = HttpClient("http://sandbox")
+    http._http = httpx.AsyncClient(transport=httpx.ASGITransport(app=client.app), base_url="http://sandbox")
+    asyncio.run(http.close_container(CONTAINER))
+    assert pool.closed == [CONTAINER]  # unscoped: the id the API runs its cells under
+    refused = client.delete("/containers/cntr_not-an-id/session")
+    assert refused.status_code == 400 and refused.json()["status"] == "invalid_input" and pool.closed == [CONTAINER]
 
 
 def test_the_service_refuses_a_non_loopback_bind_without_a_token():
