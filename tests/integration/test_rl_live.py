@@ -202,8 +202,9 @@ def run_steps(db: Path, run_id: str) -> list[int]:
 
 
 def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_path):
-    """`rstar rl train` in its own process (its own engine), killed with SIGKILL after its first checkpoint,
-    then the same command: it finishes from that checkpoint, and every step is stored exactly once."""
+    """`rstar rl train` on two sharded trainer ranks in its own process (its own engine), killed with SIGKILL
+    after its first checkpoint, then the same command: it finishes from that checkpoint, on both ranks' shards,
+    and every step is stored exactly once."""
     recipe = tmp_path / "tiny.toml"
     # Two problems a step: what is under test is the kill and the resume, not what the steps learn.
     recipe.write_text(toml_text(tiny(steps=2, prompts_per_step=2, max_response_tokens=96)))
@@ -211,7 +212,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_pat
     db = tmp_path / "rstar.db"
     env = {**os.environ, "RSTAR_DATA_DIR": str(tmp_path / "data"), "RSTAR_DATABASE_URL": f"sqlite:///{db}",
            "RSTAR_ENGINE__MAX_MODEL_LEN": "2048", "RSTAR_ENGINE__ENFORCE_EAGER": "true", "RSTAR_SANDBOX__UID_BASE": "64800", "COLUMNS": "200"}
-    command = [sys.executable, "-m", "rstar.cli", "rl", "train", str(recipe), "--data", str(data), "--run-id", "killed"]
+    command = [sys.executable, "-m", "rstar.cli", "rl", "train", str(recipe), "--data", str(data), "--run-id", "killed", "--trainer-ranks", "2"]
     started = time.time()
     first = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     run_dir = tmp_path / "data" / "rl_runs" / "killed"
@@ -221,13 +222,16 @@ def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_pat
             assert first.poll() is None, first.stderr.read().decode()[-3000:]
             assert time.time() < deadline, "no checkpoint in 10 minutes"
             time.sleep(0.5)
-        engine_processes = [p for p in psutil.Process(first.pid).children(recursive=True) if p.name().startswith("VLLM::")]
+        children = psutil.Process(first.pid).children(recursive=True)
+        engine_processes = [p for p in children if p.name().startswith("VLLM::")]
+        rank_processes = [p for p in children if "spawn_main" in " ".join(p.cmdline())]  # rank 1, spawned by torch.multiprocessing
         segments = {name for name in shared_memory_used(p.pid for p in engine_processes) if name.startswith("psm_")}
-        assert engine_processes and segments
-        os.kill(first.pid, signal.SIGKILL)  # the trainer alone, as the OOM killer picks one process
-        # Its orphan guard kills its engine processes, then unlinks their shared memory (RAM the next run needs).
-        _, left = psutil.wait_procs(engine_processes, timeout=30)
-        assert not left, f"the killed trainer's engine processes outlived it: {left}"
+        assert engine_processes and segments and len(rank_processes) == 1, [p.cmdline() for p in children]
+        os.kill(first.pid, signal.SIGKILL)  # rank 0 alone, as the OOM killer picks one process
+        # Its orphan guard kills its engine processes and the other rank, then unlinks the engine's shared memory
+        # (RAM the next run needs).
+        _, left = psutil.wait_procs(engine_processes + rank_processes, timeout=30)
+        assert not left, f"the killed trainer's engine processes or rank outlived it: {left}"
         wait_for(lambda: not any((Path("/dev/shm") / name).exists() for name in segments), timeout_s=10,
                  failure="the killed engine's shared memory stayed in /dev/shm")
     finally:
@@ -254,6 +258,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_pat
     assert (status, step) == ("finished", 2)
     state = json.loads((run_dir / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["step"] == 2 and state["data_cursor"] == 4  # 2 steps x 2 problems, none taken twice
+    assert sorted(p.name for p in (run_dir / "checkpoint-2" / SHARDED_DIR).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
 
 def test_a_short_sft_lowers_the_loss_on_the_real_model(base_model_dir, tmp_path):
