@@ -4,6 +4,7 @@
                                                     /v1/completions, /v1/responses, /tokenize, /detokenize
     conversations   server/routes_conversations.py  /v1/conversations, its export, one conversation (get, delete)
     containers      server/routes_containers.py     /v1/containers and their files (OpenAI's Containers API subset)
+    files           server/routes_files.py          /v1/files (OpenAI's Files API subset: what file_ids name)
     evals           server/routes_evals.py          /v1/evals/runs and their samples and files (read-only)
     RL              rl/api.py                       /v1/rl/runs (only with settings.enable_rl, behind the admin key)
     UI              ui/app.py                       /ui (Gradio; it calls the API over HTTP like any client)
@@ -24,12 +25,13 @@ import rstar
 from rstar.config import Settings
 from rstar.rl import api as rl_api
 from rstar.server import api as openai_api
-from rstar.server import routes_containers, routes_conversations, routes_evals
+from rstar.server import routes_containers, routes_conversations, routes_evals, routes_files
 from rstar.server.auth import ADMIN_KEY, API_KEY, LoopbackHostOnly
 from rstar.server.containers import ContainerStore, purge_expired_periodically
 from rstar.server.errors import install_error_handlers
+from rstar.server.files import FileStore
 from rstar.server.lifespan import EngineFactory, SandboxFactory, serving_lifespan
-from rstar.server.limits import BodySizeLimit
+from rstar.server.limits import BodySizeLimit, UploadRoute
 from rstar.server.metrics import RequestCounter
 
 
@@ -54,8 +56,10 @@ def build_app(
     app.state.settings = settings
     install_error_handlers(app)
     app.state.containers = ContainerStore(settings.containers_dir, settings.containers)
-    # An upload carries one file under its cap plus the multipart framing around it.
-    app.add_middleware(BodySizeLimit, max_bytes=settings.api.max_body_bytes, upload_bytes=settings.containers.max_file_bytes + 64 * 1024)
+    app.state.files = FileStore(settings.files_dir, settings.files)
+    uploads = (UploadRoute(routes_containers.UPLOAD_PATH, settings.containers.max_file_bytes, "containers.max_file_bytes"),
+               UploadRoute(routes_files.UPLOAD_PATH, settings.files.max_file_bytes, "files.max_file_bytes"))  # fmt: skip
+    app.add_middleware(BodySizeLimit, max_bytes=settings.api.max_body_bytes, uploads=uploads)
     app.add_middleware(RequestCounter, metrics=lambda: getattr(app.state, "serving", None) and app.state.serving.metrics)
     if settings.api_key is None and not settings.insecure_no_auth:
         app.add_middleware(LoopbackHostOnly)
@@ -63,6 +67,7 @@ def build_app(
     app.include_router(openai_api.router)
     app.include_router(routes_conversations.router)
     app.include_router(routes_containers.router)
+    app.include_router(routes_files.router)
     app.include_router(routes_evals.router, dependencies=API_KEY)
     if settings.enable_rl:
         app.state.rl_runs = rl_api.RlRuns(settings)

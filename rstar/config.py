@@ -140,6 +140,12 @@ class ContainerSettings(BaseModel):
     max_memory_limit: MemoryLimit = Field("4g", description="Largest memory_limit a container may ask for (400 past it).")
 
 
+class FileSettings(BaseModel):
+    max_file_bytes: int = Field(50 * 2**20, ge=1, description="Largest file one upload to /v1/files may be (413 past it).")
+    max_per_key: int = Field(100, ge=1, description="Files one API key (or, without one, the server) may hold in /v1/files (429 past it).")
+    max_bytes_per_key: int = Field(2**30, ge=1, description="Bytes of files one API key may hold in /v1/files (413 past it).")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RSTAR_", env_nested_delimiter="__", extra="forbid")
 
@@ -173,6 +179,7 @@ class Settings(BaseSettings):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     containers: ContainerSettings = Field(default_factory=ContainerSettings)
+    files: FileSettings = Field(default_factory=FileSettings)
 
     @field_validator("api_key", "admin_key")
     @classmethod
@@ -204,6 +211,11 @@ class Settings(BaseSettings):
     @property
     def containers_dir(self) -> Path:
         return Path(self.sandbox.containers_dir)
+
+    @property
+    def files_dir(self) -> Path:
+        """Where /v1/files keeps what is uploaded to it."""
+        return self.data_dir / "files"
 
 
 # Settings never printed: by their dotted path.

@@ -97,7 +97,7 @@ async def completions(body: CompletionRequest, request: Request):
 @router.post("/v1/responses", dependencies=API_KEY)
 async def responses(body: ResponsesRequest, request: Request):
     service: ResponsesService = request.app.state.responses
-    scope = {"containers": request.app.state.containers, "owner": key_owner(request)}
+    scope = {"containers": request.app.state.containers, "files": request.app.state.files, "owner": key_owner(request)}
     return await _answer(request, body, functools.partial(service.stream, **scope), functools.partial(service.create, **scope))
 
 

@@ -23,13 +23,13 @@ from typing import BinaryIO, get_args
 from rstar.config import ContainerSettings
 from rstar.sandbox.clients import SandboxClient
 from rstar.server.errors import APIError
+from rstar.server.file_transfer import copy_bounded
 from rstar.server.schemas_containers import Container, ContainerCreate, ContainerFile, MemoryLimit
 
 log = logging.getLogger("rstar.server")
 
 MEMORY_LIMITS: tuple[MemoryLimit, ...] = get_args(MemoryLimit)  # smallest first
 PURGE_INTERVAL_S = 60.0
-_CHUNK = 1 << 16
 
 
 def new_id(prefix: str) -> str:
@@ -119,7 +119,7 @@ class ContainerStore:
             room = min(self.limits.max_file_bytes, self.limits.max_bytes - used)
             target = self.root / container_id / "data" / name
             partial = target.with_name(f".{name}.{secrets.token_hex(4)}.part")
-            size = _copy_bounded(content, partial, room)
+            size = copy_bounded(content, partial, room)
             if size is None:
                 partial.unlink(missing_ok=True)
                 over = "max_file_bytes" if room == self.limits.max_file_bytes else "max_bytes"
@@ -232,18 +232,6 @@ def memory_mb(limit: MemoryLimit) -> int:
 
 def _container(meta: dict) -> Container:
     return Container(**{k: meta[k] for k in ("id", "name", "created_at", "last_active_at", "expires_after", "memory_limit")})
-
-
-def _copy_bounded(source: BinaryIO, target: Path, max_bytes: int) -> int | None:
-    """Copy `source` to `target`, counting as it goes; None as soon as it passes `max_bytes`."""
-    size = 0
-    with target.open("wb") as out:
-        while chunk := source.read(_CHUNK):
-            size += len(chunk)
-            if size > max_bytes:
-                return None
-            out.write(chunk)
-    return size
 
 
 async def stop_interpreter(sandbox: SandboxClient, container_id: str) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -35,6 +37,15 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers
+
+
+@contextlib.contextmanager
+def naming_field(field: str) -> Iterator[None]:
+    """Refusals raised inside name `field` instead: the request's field the refused thing came from."""
+    try:
+        yield
+    except APIError as refused:
+        raise APIError(refused.status, refused.message, field, refused.code, refused.headers) from None
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | int | None = None) -> dict:

@@ -10,14 +10,13 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rstar.server.errors import APIError, error_body
-
-_UPLOAD_PATH = re.compile(r"/v1/containers/[^/]+/files")
 
 T = TypeVar("T")
 
@@ -148,21 +147,36 @@ async def with_deadline(events: AsyncIterator[T], timeout_s: float) -> AsyncIter
             yield item
 
 
+@dataclass(frozen=True)
+class UploadRoute:
+    """A route whose body is a file upload: it may carry the file's cap (`setting`) plus the multipart framing."""
+
+    path: re.Pattern
+    file_bytes: int
+    setting: str
+
+    FRAMING: ClassVar[int] = 64 * 1024
+
+    @property
+    def max_bytes(self) -> int:
+        return self.file_bytes + self.FRAMING
+
+
 class BodySizeLimit:
     """ASGI middleware: 413 for a body over `max_bytes`, from Content-Length before reading, else once the
     chunks read so far exceed it. The body is read here (the JSON routes read it whole anyway) and handed
     on; later `receive` calls reach the client's connection, so disconnects are still seen. A file upload
-    (`POST /v1/containers/{id}/files`) may carry `upload_bytes` (a file under its cap, plus the multipart
-    framing) instead, and the upload route checks the file's own caps."""
+    (a POST to one of `uploads`) may carry its route's `max_bytes` instead, and the upload route checks the
+    file's own caps."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, upload_bytes: int = 0):
-        self.app, self.max_bytes, self.upload_bytes = app, max_bytes, upload_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, uploads: Sequence[UploadRoute] = ()):
+        self.app, self.max_bytes, self.uploads = app, max_bytes, uploads
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "DELETE"):
             return await self.app(scope, receive, send)
-        upload = _UPLOAD_PATH.fullmatch(scope["path"]) is not None
-        limit, setting = (self.upload_bytes, "containers.max_file_bytes") if upload and self.upload_bytes > self.max_bytes else (self.max_bytes, "api.max_body_bytes")
+        upload = next((route for route in self.uploads if route.path.fullmatch(scope["path"])), None)
+        limit, setting = (upload.max_bytes, upload.setting) if upload and upload.max_bytes > self.max_bytes else (self.max_bytes, "api.max_body_bytes")
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return await _reject(send, limit, setting)

@@ -9,21 +9,19 @@ container's interpreter in the sandbox too.
 from __future__ import annotations
 
 import asyncio
-import os
-from urllib.parse import quote
+import re
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
-from starlette.background import BackgroundTask
-from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
 
 from rstar.server.auth import API_KEY, key_owner
 from rstar.server.containers import ContainerStore, stop_interpreter
-from rstar.server.errors import APIError
-from rstar.server.schemas_containers import Container, ContainerCreate, ContainerFile, Deleted, ListPage
+from rstar.server.cursor_pages import ListPage, page
+from rstar.server.file_transfer import download, multipart_upload
+from rstar.server.schemas_containers import Container, ContainerCreate, ContainerFile, Deleted
 
 router = APIRouter(prefix="/v1/containers", dependencies=API_KEY)
+UPLOAD_PATH = re.compile(r"/v1/containers/[^/]+/files")  # where a body may be as large as a file (limits.BodySizeLimit)
 
 
 @router.post("")
@@ -32,8 +30,8 @@ def create_container(body: ContainerCreate, request: Request) -> Container:
 
 
 @router.get("")
-def list_containers(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None, order: str = Query("desc", pattern="^(asc|desc)$")) -> ListPage:
-    return _page(_store(request).list(key_owner(request)), limit, after, order)
+def list_containers(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None, order: str = Query("desc", pattern="^(asc|desc)$")) -> ListPage[Container]:
+    return page(_store(request).list(key_owner(request)), limit, after, order)
 
 
 @router.get("/{container_id}")
@@ -51,13 +49,7 @@ async def delete_container(container_id: str, request: Request) -> Deleted:
 
 @router.post("/{container_id}/files")
 async def upload_file(container_id: str, request: Request) -> ContainerFile:
-    try:
-        form = await request.form(max_files=1, max_fields=8)
-    except HTTPException as exc:  # Starlette's word for a malformed multipart body
-        raise APIError(400, f"file: malformed multipart body: {exc.detail}", "file", "invalid_multipart") from None
-    upload = form.get("file")
-    if not isinstance(upload, UploadFile):
-        raise APIError(400, "file: send the file as multipart/form-data in a part named `file`.", "file", "missing_file")
+    form, upload = await multipart_upload(request)
     try:
         return await asyncio.to_thread(_store(request).add_file, container_id, key_owner(request), upload.filename, upload.file)
     finally:
@@ -65,8 +57,8 @@ async def upload_file(container_id: str, request: Request) -> ContainerFile:
 
 
 @router.get("/{container_id}/files")
-def list_files(container_id: str, request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None, order: str = Query("desc", pattern="^(asc|desc)$")) -> ListPage:
-    return _page(_store(request).list_files(container_id, key_owner(request)), limit, after, order)
+def list_files(container_id: str, request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None, order: str = Query("desc", pattern="^(asc|desc)$")) -> ListPage[ContainerFile]:
+    return page(_store(request).list_files(container_id, key_owner(request)), limit, after, order)
 
 
 @router.get("/{container_id}/files/{file_id}")
@@ -77,11 +69,7 @@ def retrieve_file(container_id: str, file_id: str, request: Request) -> Containe
 @router.get("/{container_id}/files/{file_id}/content")
 def file_content(container_id: str, file_id: str, request: Request) -> StreamingResponse:
     record, content = _store(request).open_file(container_id, file_id, key_owner(request))
-    headers = {"content-disposition": f"attachment; filename*=utf-8''{quote(record.path.rsplit('/', 1)[-1])}",
-               "content-length": str(os.fstat(content.fileno()).st_size)}
-    # A sync iterator: Starlette reads it in its thread pool, off the event loop.
-    return StreamingResponse(iter(lambda: content.read(1 << 16), b""), media_type="application/octet-stream", headers=headers,
-                             background=BackgroundTask(content.close))
+    return download(content, record.path.rsplit("/", 1)[-1])
 
 
 @router.delete("/{container_id}/files/{file_id}")
@@ -92,12 +80,3 @@ def delete_file(container_id: str, file_id: str, request: Request) -> Deleted:
 
 def _store(request: Request) -> ContainerStore:
     return request.app.state.containers
-
-
-def _page(items: list, limit: int, after: str | None, order: str) -> ListPage:
-    """One page of `items` (oldest first) in OpenAI's cursor form: `after` is the last id of the page before."""
-    ordered = items if order == "asc" else items[::-1]
-    ids = [item.id for item in ordered]
-    start = ids.index(after) + 1 if after in ids else 0
-    page = ordered[start : start + limit]
-    return ListPage(data=page, first_id=page[0].id if page else None, last_id=page[-1].id if page else None, has_more=start + limit < len(ordered))

@@ -47,11 +47,3 @@ class Deleted(BaseModel):
     id: str
     object: str
     deleted: bool = True
-
-
-class ListPage(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[Container] | list[ContainerFile]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool

@@ -69,7 +69,8 @@ class AutoContainer(BaseModel):
 
 class CodeInterpreterTool(BaseModel):
     """OpenAI's server-side code tool; here it is the built-in Python tool in the sandbox. A container id runs
-    the cells in that container (docs/api.md); `auto` runs each cell in a fresh process, as before."""
+    the cells in that container (docs/api.md); `auto` with file_ids makes a container holding those files
+    (server/auto_container.py); `auto` without them runs each cell in a fresh process, as before."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -118,6 +119,13 @@ class ResponsesRequest(AgentOptions, SamplingFields):
         """(the container id the code_interpreter tool names, the field that names it), or None."""
         for i, tool in enumerate(self.tools):
             if isinstance(tool, CodeInterpreterTool) and isinstance(tool.container, str):
+                return tool.container, f"tools.{i}.container"
+        return None
+
+    def auto_container(self) -> tuple[AutoContainer, str] | None:
+        """(the code_interpreter tool's `auto` container, the field that holds it) when it names files, or None."""
+        for i, tool in enumerate(self.tools):
+            if isinstance(tool, CodeInterpreterTool) and isinstance(tool.container, AutoContainer) and tool.container.file_ids:
                 return tool.container, f"tools.{i}.container"
         return None
 

@@ -20,7 +20,7 @@ from rstar.server.builtin_tools import SandboxExecutor, builtin_tool_schemas
 from rstar.server.containers import ContainerStore, memory_mb
 from rstar.server.chat_template import ChatTemplate, RenderTimeout, content_text
 from rstar.server.engine import SamplingOptions
-from rstar.server.errors import APIError
+from rstar.server.errors import APIError, naming_field
 from rstar.server.metrics import SANDBOX_FAILURES, ServerMetrics
 from rstar.server.schemas import ChatCompletionRequest, CodeCell
 from rstar.server.schemas_responses import ResponsesRequest
@@ -147,10 +147,8 @@ class AgentServing(ServingBase):
     async def use_container(self, plan: AgentPlan, containers: ContainerStore, container_id: str, owner: str | None, field: str) -> None:
         """Run the plan's cells in that container (its interpreter and files, its memory_limit); an unknown,
         expired or another key's container is refused naming `field`, the request's field that named it."""
-        try:
+        with naming_field(field):
             container = await asyncio.to_thread(containers.use, container_id, owner)
-        except APIError as refused:
-            raise APIError(refused.status, refused.message, field, refused.code) from None
         plan.executor = plan.executor.in_container(container.id, memory_mb(container.memory_limit))
 
     async def run_choices(self, plan: AgentPlan, request_id: str, received_at: float) -> AsyncIterator[tuple[Answer, list[Any]]]:

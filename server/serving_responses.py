@@ -18,9 +18,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rstar.server.agent_loop import TokensSampled
+from rstar.server.auto_container import container_with_files
 from rstar.server.citations import file_citations
 from rstar.server.containers import ContainerStore
 from rstar.server.errors import APIError
+from rstar.server.files import FileStore
 from rstar.server.limits import AdmittedStream
 from rstar.server.schemas import CodeCell
 from rstar.server.schemas_responses import FunctionTool, ResponsesRequest
@@ -207,7 +209,7 @@ class _ResponseBuilder:
 
 
 class ResponsesService(AgentServing):
-    async def plan_request(self, request: ResponsesRequest, containers: ContainerStore, owner: str | None) -> AgentPlan:
+    async def plan_request(self, request: ResponsesRequest, containers: ContainerStore, files: FileStore, owner: str | None) -> AgentPlan:
         self.serving.check_model(request.model)
         functions = [
             {"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)} for tool in request.tools if isinstance(tool, FunctionTool)
@@ -220,6 +222,10 @@ class ResponsesService(AgentServing):
         if (named := request.named_container()) is not None:
             container_id, field = named
             await self.use_container(plan, containers, container_id, owner, field)
+        elif (auto := request.auto_container()) is not None:
+            settings, field = auto
+            container = await asyncio.to_thread(container_with_files, containers, files, settings, owner, field)
+            await self.use_container(plan, containers, container.id, owner, field)
         return plan
 
     async def _events(self, request: ResponsesRequest, plan: AgentPlan, received_at: float, containers: ContainerStore, owner: str | None) -> AsyncIterator[dict]:
@@ -245,8 +251,8 @@ class ResponsesService(AgentServing):
                     for event in builder.finish(answer, plan.prompt_len):
                         yield event
 
-    async def create(self, request: ResponsesRequest, received_at: float, containers: ContainerStore, owner: str | None) -> dict:
-        plan = await self.plan_request(request, containers, owner)
+    async def create(self, request: ResponsesRequest, received_at: float, containers: ContainerStore, files: FileStore, owner: str | None) -> dict:
+        plan = await self.plan_request(request, containers, files, owner)
         final = None
         async with self.serving.admission.slots(1), contextlib.aclosing(self._events(request, plan, received_at, containers, owner)) as events:
             async for event in events:
@@ -255,8 +261,8 @@ class ResponsesService(AgentServing):
             raise APIError(500, "the response ended without a result")
         return final["response"]
 
-    async def stream(self, request: ResponsesRequest, received_at: float, containers: ContainerStore, owner: str | None) -> AdmittedStream:
-        plan = await self.plan_request(request, containers, owner)
+    async def stream(self, request: ResponsesRequest, received_at: float, containers: ContainerStore, files: FileStore, owner: str | None) -> AdmittedStream:
+        plan = await self.plan_request(request, containers, files, owner)
         return await self.admitted_stream(1, self._sse(request, plan, received_at, containers, owner))
 
     async def _sse(self, request: ResponsesRequest, plan: AgentPlan, received_at: float, containers: ContainerStore, owner: str | None) -> AsyncIterator[str]:

@@ -108,3 +108,52 @@ def test_on_the_real_sandbox_no_interpreter_outlives_its_container(make_server, 
     assert sessions() == 1
     http.portal.call(purge_expired, http.app.state.containers, sandbox, time.time() + 61)
     assert sessions() == 0
+
+
+def test_auto_with_file_ids_runs_the_cells_in_a_fresh_container_of_the_key_holding_those_files(make_server):
+    client, http, _, _ = make_server(replies=TOOL_TURNS, api_key="key-a")
+    csv = client.files.create(file=("sales.csv", b"amount\n30\n12\n"), purpose="user_data")
+    notes = client.files.create(file=("notes.txt", b"hi"), purpose="user_data")
+    auto = {"type": "auto", "file_ids": [csv.id, notes.id], "memory_limit": "4g"}
+    response = client.responses.create(model="scripted", input="Total?", tools=[{"type": "code_interpreter", "container": auto}])
+    (made,) = client.containers.list()
+    assert [item.container_id for item in response.output if item.type == "code_interpreter_call"] == [made.id]
+    assert [(r.container_id, r.memory_mb) for r in http.app.state.serving.sandbox.requests] == [(made.id, 4096)]
+    files = {f.path: client.containers.files.content.retrieve(f.id, container_id=made.id).read() for f in client.containers.files.list(made.id)}
+    assert files == {"/mnt/data/sales.csv": b"amount\n30\n12\n", "/mnt/data/notes.txt": b"hi"}
+
+
+@pytest.mark.parametrize("whose", ["unknown", "another key's"])
+def test_an_unknown_or_another_key_s_file_is_a_404_naming_its_place_and_makes_nothing(make_server, whose):
+    owner, _, _, _ = make_server(api_key="key-a")
+    stranger = owner.files.create(file=("theirs.txt", b"x"), purpose="user_data").id if whose == "another key's" else "file-" + "0" * 32
+    client, http, _, _ = make_server(replies=TOOL_TURNS, api_key="key-b")
+    mine = client.files.create(file=("mine.txt", b"y"), purpose="user_data").id
+    tools = [{"type": "function", "name": "f"}, {"type": "code_interpreter", "container": {"type": "auto", "file_ids": [mine, stranger]}}]
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.responses.create(model="scripted", input="hi", tools=tools)
+    assert refused.value.body["param"] == "tools.1.container.file_ids.1" and stranger in refused.value.message
+    assert list(client.containers.list()) == [] and http.app.state.serving.sandbox.requests == []
+
+
+def test_files_the_container_cannot_take_are_refused_naming_the_file_and_leave_no_container(make_server):
+    client, http, _, _ = make_server(replies=TOOL_TURNS, api_key="key-a", containers={"max_bytes": 10})
+    ids = [client.files.create(file=(f"{i}.txt", b"x" * 6), purpose="user_data").id for i in range(2)]
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.responses.create(model="scripted", input="hi", tools=[{"type": "code_interpreter", "container": {"type": "auto", "file_ids": ids}}])
+    assert (refused.value.status_code, refused.value.body["param"]) == (413, "tools.0.container.file_ids.1")
+    assert list(client.containers.list()) == [] and http.app.state.serving.sandbox.requests == []
+
+
+def test_on_the_real_sandbox_the_code_reads_a_file_handed_by_id(make_server, tmp_path):
+    from rstar.sandbox.clients import LocalClient
+    from rstar.sandbox.settings import SandboxSettings
+
+    sandbox = LocalClient(SandboxSettings(workers=1, spare_cells=1, max_sessions=2, uid_base=62300, containers_dir=str(tmp_path / "containers")))
+    client, _, _, _ = make_server(replies=("<reason>Sum it.</reason>\n" + call(CSV_CODE), "The total is 42."), sandbox=sandbox, api_key="key-a")
+    csv = client.files.create(file=("sales.csv", b"amount\n30\n12\n"), purpose="user_data")
+    response = client.responses.create(model="scripted", input="Total?", tools=[{"type": "code_interpreter", "container": {"type": "auto", "file_ids": [csv.id]}}])
+    cell = next(item for item in response.output if item.type == "code_interpreter_call")
+    assert (cell.status, cell.outputs[0].logs) == ("completed", "42\n"), cell
+    written = next(f for f in client.containers.files.list(cell.container_id) if f.path == "/mnt/data/total.txt")
+    assert client.containers.files.content.retrieve(written.id, container_id=cell.container_id).read() == b"42\n"
