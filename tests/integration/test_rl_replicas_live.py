@@ -1,7 +1,9 @@
-"""Weight sync onto two real CPU engine replicas behind the router (`rstar serve --replicas 2` without Ray: the
+"""Weight sync onto real CPU engines: two replicas behind the router (`rstar serve --replicas 2` without Ray: the
 session engine and a second engine of the default model, each behind tests/local_replica.py): after each sync
 both serve the new weight version and pass their own probe, and one replica left on stale weights stops the
-sync naming it. The router sends rollouts to every replica already (test_replicas); this is the half after."""
+sync naming it. The router sends rollouts to every replica already (test_replicas); this is the half after.
+The second engine serves LoRA adapters too, so the LoRA sync is shown on it as well: the adapter the trainer
+saved, loaded by vLLM, passes the fp32 probe, and an engine that keeps its old adapter is stopped."""
 
 from __future__ import annotations
 
@@ -23,7 +25,18 @@ from tests.conftest import DEFAULT_MODEL_NAME
 from tests.local_replica import LocalReplica
 
 
-class FaultyReplica(LocalReplica):
+LORA = GRPOConfig(lora_rank=8)
+PROBE_TEXT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
+
+
+class SharedReplica(LocalReplica):
+    """An engine the module owns as a replica: the router must not shut it down."""
+
+    async def shutdown(self) -> None:
+        pass
+
+
+class FaultyReplica(SharedReplica):
     """A replica whose reloads load nothing once `stale` is set."""
 
     stale = False
@@ -33,24 +46,25 @@ class FaultyReplica(LocalReplica):
             await super().reload_weights(weights_dir)
 
 
-class SharedReplica(LocalReplica):
-    """The session engine as a replica: the router must not shut it down."""
+@pytest.fixture(scope="module")
+def second_engine(loop_thread, default_model_dir):
+    # Small: a window and KV cache enough for the probe, so two engines and a trainer fit beside the tests' others.
+    settings = EngineSettings(max_model_len=2048, max_num_seqs=4, enforce_eager=True, cpu_kv_cache_gib=1, max_lora_rank=LORA.lora_rank)
+    second = loop_thread.run(VllmEngine.start(default_model_dir, settings, DEFAULT_MODEL_NAME))
+    yield second
+    loop_thread.run(second.shutdown())
 
-    async def shutdown(self) -> None:
-        pass
 
-
-def test_both_replicas_serve_each_synced_version_and_a_stale_one_is_named(engine, loop_thread, default_model_dir, restore_engine_weights):
-    async def second_engine():
-        # Small: a window and KV cache enough for the probe, so two engines and a trainer fit beside the tests' others.
-        return await VllmEngine.start(default_model_dir, EngineSettings(max_model_len=2048, max_num_seqs=4, enforce_eager=True, cpu_kv_cache_gib=1), DEFAULT_MODEL_NAME)
-
+def test_both_replicas_serve_each_synced_version_and_a_stale_one_is_named(engine, second_engine, loop_thread, default_model_dir, restore_engine_weights):
     async def session_engine():
         return engine
 
-    replicas = [SharedReplica(session_engine, "replica 0"), FaultyReplica(second_engine, "replica 1")]
+    async def other_engine():
+        return second_engine
+
+    replicas = [SharedReplica(session_engine, "replica 0"), FaultyReplica(other_engine, "replica 1")]
     policy = Policy(default_model_dir, "float32")
-    probe = engine.tokenizer.encode("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.")
+    probe = engine.tokenizer.encode(PROBE_TEXT)
     torch_thread = ThreadPoolExecutor(max_workers=1)
 
     def nudge() -> None:
@@ -84,3 +98,54 @@ def test_both_replicas_serve_each_synced_version_and_a_stale_one_is_named(engine
     assert versions == [2, 2]  # each replica reports the version it loaded
     assert reports[1].probe_change > 1e-2 and reports[1].probe_followed >= MIN_FOLLOWED, reports[1]
     assert "engine replica 0" not in str(stale)  # replica 0, probed first, reloaded and passed its own probe
+
+
+class KeepsItsAdapter:
+    """The engine with a fault: adapter loads bump the weight version and load nothing."""
+
+    def __init__(self, engine):
+        self.engine, self.weight_version = engine, engine.weight_version
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    async def load_adapter(self, adapter_dir) -> None:
+        self.weight_version += 1
+
+
+def test_the_adapter_vllm_loads_passes_the_probe_and_a_kept_old_one_is_stopped(second_engine, loop_thread, default_model_dir):
+    policy = Policy(default_model_dir, "float32", lora=LORA.lora())
+    probe = second_engine.tokenizer.encode(PROBE_TEXT)
+    tolerance = probe_tolerance(LORA, "float32", second_engine.dtype)
+
+    def train_the_adapter(seed: int) -> None:
+        """What a step does to the adapter, in effect: LoRA's B starts at zero (the adapter adds nothing), so give it weights."""
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, parameter in policy.model.named_parameters():
+                if "lora_B" in name:
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+
+    async def go():
+        await second_engine.reload_weights(default_model_dir)  # the base the adapter is trained on, whatever the test before left
+        with ThreadPoolExecutor(max_workers=1) as torch_thread:
+            sync = WeightSync(second_engine, policy, probe, tolerance, second_engine.dtype, torch_thread)
+            stale_sync = WeightSync(KeepsItsAdapter(second_engine), policy, probe, tolerance, second_engine.dtype, torch_thread)
+            try:
+                base = await second_engine.prompt_logprobs(probe)
+                train_the_adapter(0)
+                served = await sync.sync()
+                adapted = await second_engine.prompt_logprobs(probe)
+                train_the_adapter(1)
+                with pytest.raises(WeightSyncFailed, match="not serving the trained weights") as stale:
+                    await stale_sync.sync()
+                return served, stale.value, sum(abs(a - b) for a, b in zip(adapted, base)) / len(base)
+            finally:
+                sync.close()
+                stale_sync.close()
+                await second_engine.load_adapter(None)
+
+    served, stale, moved = loop_thread.run(go(), timeout=600)
+    assert served.probe_gap < tolerance, served  # fp32 both sides: the adapter as vLLM applies it is the trainer's
+    assert moved > 1e-2  # and the adapter moved the logprobs the probe reads: the gap did not pass by the base alone
+    assert second_engine.adapter is None
