@@ -88,6 +88,9 @@ class AdmittedGenerations:
     (RL rollouts): at most `share` generations at once, each waiting patiently for its slot, so API clients
     keep the rest of the running slots and go first when both wait. Everything else is the engine's."""
 
+    # The engine answers the API throughout a server-hosted run, so a colocated trainer must never put it to sleep.
+    sleep_unavailable = "the engine serves this server's API during the run"
+
     def __init__(self, engine: Any, admission: Admission, share: int):
         self._engine, self._admission, self._share = engine, admission, asyncio.Semaphore(share)
 

@@ -7,8 +7,8 @@ before the weight sync, so the new weights load into woken memory and the next r
 
     rollout -> reward -> sleep -> update -> wake -> sync + probe -> (next step) rollout
 
-An engine that cannot sleep (vLLM has no sleep mode on CPU; replicas; an engine started without it) stays awake,
-and the run says so once, at its start.
+An engine that cannot sleep (vLLM has no sleep mode on CPU; replicas; an engine started without it; the engine of
+a run started over the API, which answers requests all along) stays awake, and the run says so once, at its start.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ class EngineSleep:
 
     @contextlib.asynccontextmanager
     async def asleep(self):
-        """The engine asleep inside the block, awake again after it, also when the update fails: a server-hosted
-        run's engine goes on serving the API."""
+        """The engine asleep inside the block, awake again after it, also when the update fails."""
         if not self.active:
             yield
             return

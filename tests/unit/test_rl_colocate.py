@@ -103,7 +103,7 @@ def test_a_failed_update_still_wakes_the_engine(default_tokenizer):
     engine = SleepingEngine(default_tokenizer, events)
     with pytest.raises(RuntimeError, match="out of memory"):
         steps(engine, Trainer(engine, events, fail=True), events, count=1)
-    assert events == ["rollout", "sleep", "update", "wake"] and not engine.asleep  # a server-hosted run's engine serves on
+    assert events == ["rollout", "sleep", "update", "wake"] and not engine.asleep
 
 
 def unstarted_engine(sleep_mode: Choice | None) -> VllmEngine:
@@ -143,3 +143,15 @@ def test_sleep_mode_is_chosen_from_the_setting_and_the_platform():
     refused = choose_sleep_mode(True, "cpu", False)
     assert refused.value is False and "cpu" in refused.why
     assert describe(unstarted_engine(refused).defaults).endswith(f"sleep mode off ({refused.why})")
+
+
+def test_a_server_hosted_run_never_sleeps_the_engine_that_serves_the_api(default_tokenizer, caplog):
+    from rstar.server.limits import Admission, AdmittedGenerations
+
+    async def build():  # the admission's condition belongs to a loop
+        return AdmittedGenerations(SleepingEngine(default_tokenizer, []), Admission(4, 4, 1.0, 1), share=2)
+
+    served = asyncio.run(build())
+    with caplog.at_level(logging.WARNING, logger="rstar.rl"):
+        assert not EngineSleep(served, wanted=True).active  # though the engine itself could sleep
+    assert "serves this server's API" in caplog.records[0].getMessage()
