@@ -162,7 +162,8 @@ def train_command(
     run_id: Annotated[Optional[str], typer.Option(help="Run id (default: grpo-<time>); an unfinished run with this id resumes.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model to train. [env: RSTAR_MODEL]")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config value for every stage: --set prompts_per_step=4")] = None,
-    ray_address: Annotated[Optional[str], typer.Option(help="Run tool calls and answer checks on sandbox pools of this Ray cluster ('auto', 'ray://host:10001').")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(help="Run tool calls and answer checks on sandbox pools of this Ray cluster ('auto', 'ray://host:10001'), "
+                                                          "and trainer ranks 1..N-1 (--trainer-ranks N) as its actors, one GPU (on CPU one core) each.")] = None,
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Stop the recipe after this many steps in all (a trial run).")] = None,
     trainer_ranks: Annotated[Optional[int], typer.Option(min=1, help="Trainer processes, the policy sharded across them (FSDP2): one per GPU, or per core on CPU.")] = None,
     lora_rank: Annotated[Optional[int], typer.Option(min=0, help="Train a LoRA adapter of this rank on the frozen base and sync only it (0: full fine-tuning).")] = None,
@@ -182,17 +183,19 @@ def train_command(
         loaded = load_recipe(recipe, overrides)
         if max_steps is not None:
             loaded = loaded.truncated(max_steps)
-        check_world_size(loaded.stage_config(0).trainer_ranks)
+        if ray_address is None:  # on Ray, the cluster's room is checked as the ranks are placed
+            check_world_size(loaded.stage_config(0).trainer_ranks)
         problems = load_problems(data)
     except (RecipeError, DataError, ValueError) as exc:
         raise _fail(str(exc)) from None
     run_id = _run_id(run_id, "grpo")
     _interrupt_on_sigterm()
+    from rstar.rl.grpo.ray_ranks import NoRoomForRanks
     from rstar.rl.grpo.train import RecipeDoesNotFit
 
     try:
-        status = asyncio.run(_train_in_process(settings, loaded, problems, data, run_id, ray=ray_address is not None))
-    except RecipeDoesNotFit as exc:
+        status = asyncio.run(_train_in_process(settings, loaded, problems, data, run_id, ray_address))
+    except (RecipeDoesNotFit, NoRoomForRanks) as exc:
         raise _fail(str(exc)) from None
     typer.echo(f"run {run_id}: {status}")
 
@@ -207,10 +210,11 @@ def _parse_setting(item: str) -> tuple[str, object]:
         return key.strip(), value
 
 
-async def _train_in_process(settings: Settings, recipe, problems, data: str, run_id: str, ray: bool) -> str:
+async def _train_in_process(settings: Settings, recipe, problems, data: str, run_id: str, ray_address: str | None) -> str:
     from transformers import AutoTokenizer
 
     from rstar.evals.budget import model_window_limit
+    from rstar.rl.grpo.ray_ranks import RayPlacement
     from rstar.rl.grpo.rollout import RolloutEnv
     from rstar.rl.grpo.train import RunSpec, check_window, engine_lora_rank, prompt_lengths, train_grpo, window_needed
     from rstar.sandbox.clients import connect
@@ -233,9 +237,10 @@ async def _train_in_process(settings: Settings, recipe, problems, data: str, run
     # With RSTAR_ENGINE__REPLICAS > 1 rollouts go through the same router as the API's traffic.
     engine = await start_engine(resolved.path, engine_settings, served_model_name=resolved.name, cache_dir=settings.cache_dir)
     try:
-        async with connect(settings.sandbox, url=settings.api.sandbox_url, ray=ray) as sandbox:
+        async with connect(settings.sandbox, url=settings.api.sandbox_url, ray=ray_address is not None) as sandbox:
             env = RolloutEnv(engine, choose_template(engine.tokenizer, resolved.name, settings.api.chat_template), sandbox)
-            spec = RunSpec(run_id, settings.data_dir / "rl_runs" / run_id, recipe, Path(resolved.path), data, engine.dtype)
+            placement = RayPlacement(ray_address) if ray_address is not None else None
+            spec = RunSpec(run_id, settings.data_dir / "rl_runs" / run_id, recipe, Path(resolved.path), data, engine.dtype, placement)
             console.print(f"grpo run [bold]{run_id}[/bold]: recipe {recipe.name}, {len(problems)} problems, {recipe.total_steps} steps; run dir {spec.run_dir}", highlight=False)
             with _progress() as bars:
                 task = bars.add_task("grpo", total=recipe.total_steps, summary="")

@@ -12,13 +12,14 @@ import asyncio
 import threading
 from typing import Any
 
-# Held in worker threads, around the blocking ray.init and ray.shutdown, never on an event loop.
+# Held around the blocking ray.init and ray.shutdown: in worker threads (join, leave), never on an event loop, or
+# by a caller that blocks as it starts anyway (join_blocking, leave_blocking: the trainer's ranks).
 _lock = threading.Lock()
 _users = 0
 _started_here = False
 
 
-def _join(address: str | None) -> Any:
+def join_blocking(address: str | None) -> Any:
     import ray
 
     global _users, _started_here
@@ -30,7 +31,7 @@ def _join(address: str | None) -> Any:
     return ray
 
 
-def _leave() -> None:
+def leave_blocking() -> None:
     import ray
 
     global _users, _started_here
@@ -43,8 +44,8 @@ def _leave() -> None:
 
 async def join(address: str | None) -> Any:
     """The `ray` module, connected; call `leave` once when done with it."""
-    return await asyncio.to_thread(_join, address)
+    return await asyncio.to_thread(join_blocking, address)
 
 
 async def leave() -> None:
-    await asyncio.to_thread(_leave)
+    await asyncio.to_thread(leave_blocking)

@@ -1,9 +1,10 @@
-"""N sharded trainer ranks on this machine: this process is rank 0, ranks 1..N-1 are processes it spawns.
+"""N sharded trainer ranks: this process is rank 0, ranks 1..N-1 are processes it spawns on this machine or, with
+a `RayPlacement`, Ray actors a placement group puts on the cluster (`ray_ranks.py`).
 
 Rank 0 stays in the process that owns the rollout engine, so the weight sync and checkpoints read the full
 weights where they are needed: gathered once per step into rank 0's memory, never one copy per rank. The other
-ranks are started with `torch.multiprocessing.start_processes` (spawn), join the same process group and then
-follow rank 0: rank 0 broadcasts what to do (`dist.broadcast_object_list`), and every rank does it together,
+ranks run `follow` (started locally with `torch.multiprocessing.start_processes`, spawn), join the same process
+group and then follow rank 0: rank 0 broadcasts what to do (`dist.broadcast_object_list`), and every rank does it together,
 since every operation on a sharded model is a collective. For an update, each rank then receives its own share of
 the step's groups (`dist.scatter_object_list`), not the whole step.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -30,6 +32,9 @@ from rstar.rl.grpo.sharded_checkpoint import has_sharded_state, load_sharded_sta
 from rstar.rl.grpo.trainer import GRPOTrainer
 from rstar.rl.packing import Tree
 from rstar.rl.policy import Policy, device_type
+
+if TYPE_CHECKING:
+    from rstar.rl.grpo.ray_ranks import RayPlacement
 
 ADDRESS = "127.0.0.1"
 
@@ -56,18 +61,24 @@ class RankDied(RuntimeError):
 class TrainerRanks:
     """The trainer's ranks, driven from rank 0. Every method is one step of all ranks together."""
 
-    def __init__(self, model_dir: Path, compute_dtype: str, config: GRPOConfig, size: int):
-        check_world_size(size)
+    def __init__(self, model_dir: Path, compute_dtype: str, config: GRPOConfig, size: int, placement: "RayPlacement | None" = None):
         self.size = size
         port = free_port()
         threads = threads_per_rank(size)
-        self.followers = mp.start_processes(_follow, args=(size, port, str(model_dir), compute_dtype, config, threads), nprocs=size - 1, join=False, start_method="spawn")
+        rank_args = (str(model_dir), compute_dtype, config, threads)
+        if placement is None:
+            check_world_size(size)
+            self.followers = LocalFollowers(size, port, rank_args)
+        else:
+            from rstar.rl.grpo.ray_ranks import RayFollowers
+
+            self.followers = RayFollowers(placement, size, port, rank_args, device_type())
         torch.set_num_threads(threads)
         try:
-            self.world = join(0, size, ADDRESS, port, device_type())
+            self.world = join(0, size, self.followers.address, port, device_type())
             self.trainer = sharded_trainer(Path(model_dir), compute_dtype, config, self.world)
         except BaseException:
-            self._stop_followers()
+            self.followers.stop()
             raise
         self.policy = LeaderPolicy(self.trainer.policy, self._tell)
 
@@ -102,10 +113,10 @@ class TrainerRanks:
 
     def close(self) -> None:
         try:
-            if all(process.is_alive() for process in self.followers.processes):  # else the error that ends the run is already raised
+            if self.followers.all_alive():  # else the error that ends the run is already raised
                 self._tell("stop")
         finally:
-            self._stop_followers()
+            self.followers.stop()
             leave()
 
     def _tell(self, *command) -> None:
@@ -119,28 +130,47 @@ class TrainerRanks:
         try:
             yield
         except RuntimeError as exc:
-            for rank, process in enumerate(self.followers.processes, start=1):
-                process.join(timeout=1)  # reap it: a process killed a moment ago may not show as dead yet
-                if not process.is_alive():
-                    raise RankDied(f"trainer rank {rank} of {self.size} (pid {process.pid}) died with exit code {process.exitcode}; "
-                                   f"the run stops here and the same command resumes it from its last checkpoint") from exc
+            if dead := self.followers.first_dead():
+                raise RankDied(f"{dead}; the run stops here and the same command resumes it from its last checkpoint") from exc
             raise
-
-    def _stop_followers(self) -> None:
-        try:
-            self.followers.join(timeout=60)
-        except mp.ProcessExitedException:  # a rank that died: its error is the one already raised
-            pass
-        for process in self.followers.processes:
-            if process.is_alive():
-                process.kill()
-            process.join()
 
     def __enter__(self) -> "TrainerRanks":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class LocalFollowers:
+    """Ranks 1..N-1 as processes on this machine, joining rank 0 on the loopback address."""
+
+    address = ADDRESS
+
+    def __init__(self, size: int, port: int, rank_args: tuple):
+        self.size = size
+        self.context = mp.start_processes(follow, args=(size, ADDRESS, port, *rank_args), nprocs=size - 1, join=False, start_method="spawn")
+        self.processes = self.context.processes
+
+    def all_alive(self) -> bool:
+        return all(process.is_alive() for process in self.processes)
+
+    def first_dead(self) -> str | None:
+        """Which rank died and how, or None when all live."""
+        for rank, process in enumerate(self.processes, start=1):
+            process.join(timeout=1)  # reap it: a process killed a moment ago may not show as dead yet
+            if not process.is_alive():
+                return f"trainer rank {rank} of {self.size} (pid {process.pid}) died with exit code {process.exitcode}"
+        return None
+
+    def stop(self) -> None:
+        try:
+            self.context.join(timeout=60)
+        except mp.ProcessExitedException:  # a rank that died: its error is the one already raised
+            pass
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
 
 
 class LeaderPolicy:
@@ -168,11 +198,12 @@ class LeaderPolicy:
         self.inner.save_pretrained(out_dir)
 
 
-def _follow(index: int, size: int, port: int, model_dir: str, compute_dtype: str, config: GRPOConfig, threads: int) -> None:
-    """Ranks 1..N-1: do what rank 0 says until it says stop."""
+def follow(index: int, size: int, address: str, port: int, model_dir: str, compute_dtype: str, config: GRPOConfig, threads: int) -> None:
+    """Rank `index + 1` of 1..N-1, wherever it runs (a spawned process, a Ray actor): join rank 0's process group at
+    `address:port`, then do what rank 0 says until it says stop."""
     torch.set_num_threads(threads)
     rank = index + 1
-    world = join(rank, size, ADDRESS, port, device_type())
+    world = join(rank, size, address, port, device_type())
     try:
         trainer = sharded_trainer(Path(model_dir), compute_dtype, config, world)
         while True:

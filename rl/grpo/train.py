@@ -28,6 +28,7 @@ from rstar.rl.grpo.colocate import EngineSleep
 from rstar.rl.grpo.config import GRPOConfig
 from rstar.rl.grpo.downsample import Selection, downsample
 from rstar.rl.grpo.ranks import TrainerRanks
+from rstar.rl.grpo.ray_ranks import RayPlacement
 from rstar.rl.grpo.recipe import Recipe
 from rstar.rl.grpo.rollout import TOOLS, RolloutEnv, generate, prompt_messages, reward
 from rstar.rl.grpo.samples import Sample, is_tool_error
@@ -49,6 +50,7 @@ class RunSpec:
     model_dir: Path  # what the engine serves and the trainer starts from
     data: str  # where the problems came from, for the record
     engine_dtype: str  # the engine's weights dtype: what weight sync writes, and the probe's tolerance
+    trainer_placement: RayPlacement | None = None  # trainer ranks 1..N-1 as Ray actors; None: processes on this machine
 
 
 def data_order(count: int, seed: int, cursor: int, take: int) -> list[int]:
@@ -143,7 +145,7 @@ async def _train(env: RolloutEnv, spec: RunSpec, problems: list[Problem], store:
     dtype, _ = resolve_compute_dtype(config.compute_dtype)
     checkpoint = latest_checkpoint(spec.run_dir)
     if config.trainer_ranks > 1:
-        trainer = TrainerRanks(spec.model_dir, dtype, config, config.trainer_ranks)
+        trainer = TrainerRanks(spec.model_dir, dtype, config, config.trainer_ranks, spec.trainer_placement)
     else:
         torch.manual_seed(config.seed)  # LoRA's A factors start random: seeded, so a rerun trains the same adapter
         trainer = GRPOTrainer(Policy(spec.model_dir, dtype, lora=config.lora(), gradient_checkpointing=config.gradient_checkpointing), config)
