@@ -322,9 +322,8 @@ def plan_command(
         table.add_row(what, f"{size / GB:.2f}", how)
     Console().print(table)
     if plan.host_extra:
-        typer.echo(f"rank 0 also gathers the full weights into host memory for each weight sync: {plan.host_extra / GB:.2f} GB")
-    if lora_rank:
-        typer.echo("note: LoRA RL is not built yet (rstar rl sft trains LoRA; GRPO trains full weights): this is what it would hold")
+        what = "the adapter" if lora_rank else "the full weights"
+        typer.echo(f"rank 0 also gathers {what} into host memory for each weight sync: {plan.host_extra / GB:.2f} GB")
     why_not = problem(shape, trainer_ranks, lengths, lora_rank, devices)
     if why_not is not None:
         raise _fail(why_not)

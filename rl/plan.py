@@ -143,8 +143,8 @@ def activation_bytes(shape: Shape, lengths: Lengths) -> int:
 
 @dataclass(frozen=True)
 class RankPlan:
-    """Bytes one rank holds; `host_extra` is rank 0's gathered copy of the full weights for each weight sync
-    (host memory; sharded runs only). The rollout engine's own memory is not counted."""
+    """Bytes one rank holds; `host_extra` is rank 0's gathered copy of the full weights (a LoRA run's adapter) for
+    each weight sync (host memory; sharded runs only). The rollout engine's own memory is not counted."""
 
     parameters: int
     trainable: int
@@ -171,7 +171,9 @@ def plan_rank(shape: Shape, ranks: int, lengths: Lengths, lora_rank: int = 0) ->
     if ranks > 1:
         unit = root_parameters(shape) + GATHERED_LAYERS * layer_parameters(shape)
         gathered = unit * WEIGHT_BYTES * (1 if lora_rank else 2)  # and their full gradients, unless frozen
-    host_extra = parameters * WEIGHT_BYTES if ranks > 1 else 0  # one rank's state dict is its own tensors, not a copy
+    host_extra = 0  # one rank's state dict is its own tensors, not a copy
+    if ranks > 1:  # gathered on rank 0 for each sync: the full weights, or a LoRA run's adapter alone
+        host_extra = (trainable if lora_rank else parameters) * WEIGHT_BYTES
     return RankPlan(parameters, trainable, weights, gradients, optimizer, gathered, activation_bytes(shape, lengths), host_extra)
 
 

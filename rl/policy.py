@@ -114,6 +114,8 @@ class Policy:
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+            if self.lora is not None:  # a LoRA run syncs and checkpoints its adapter (adapter_state_dict), never merged weights
+                raise ValueError("merged weights of a sharded LoRA policy are not gathered; use adapter_state_dict")
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
             yield from get_model_state_dict(self.causal_lm, options=options).items()
             return
@@ -144,11 +146,21 @@ class Policy:
         """The LoRA adapter alone, as peft writes it (`adapter_config.json`, naming the base, and `ADAPTER_WEIGHTS`):
         what vLLM loads onto the base it serves, a few MB where the merged model is the whole model. Returns the
         weights' bytes."""
-        from peft import get_peft_model_state_dict
-
         out_dir.mkdir(parents=True, exist_ok=True)
         self.model.peft_config["default"].save_pretrained(out_dir)
-        return write_safetensors(get_peft_model_state_dict(self.model).items(), out_dir / ADAPTER_WEIGHTS, dtype)
+        return write_safetensors(self.adapter_state_dict().items(), out_dir / ADAPTER_WEIGHTS, dtype)
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The adapter's tensors under peft's names. Sharded, every rank must call this: rank 0 receives them whole,
+        in CPU memory, and the other ranks nothing."""
+        from peft import get_peft_model_state_dict
+
+        if not self.sharded:
+            return get_peft_model_state_dict(self.model)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)  # the base is not gathered
+        return get_peft_model_state_dict(self.model, state_dict=get_model_state_dict(self.model, options=options))
 
     def save_pretrained(self, out_dir: Path) -> None:
         """A complete checkpoint the engine and transformers load: merged weights, config, tokenizer files."""

@@ -122,9 +122,6 @@ class GRPOConfig(ToolSettings):
             raise ValueError("min_positive_traces + min_negative_traces exceeds keep_per_prompt")
         if self.downsample == "none" and self.keep_per_prompt != self.rollouts_per_prompt:
             raise ValueError("downsample 'none' trains every sample: set keep_per_prompt equal to rollouts_per_prompt")
-        if self.lora_rank and self.trainer_ranks > 1:
-            raise ValueError(f"lora_rank {self.lora_rank} trains on one trainer rank (FSDP2 over a LoRA model is not built): set trainer_ranks 1 "
-                             f"(--trainer-ranks 1); an adapter's gradients and AdamW states are small enough for one device")
         return self
 
     def lora(self) -> LoraSpec | None:

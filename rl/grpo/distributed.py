@@ -100,12 +100,11 @@ def shard(policy: Policy, world: World) -> None:
     The root is the policy's forward module (what `Policy.logprobs` calls), so FSDP's root hooks run on each
     logprobs pass; it holds the embeddings, the final norm and the output head (tied to the embeddings in
     small models, and a tied pair must live in one unit). Build the optimizer after this: sharding replaces
-    the parameters.
+    the parameters. A LoRA policy shards the same way: each layer's unit holds its frozen base weights and its
+    trained adapters, and only the adapters have gradients to reduce.
     """
     from torch.distributed.fsdp import fully_shard
 
-    if policy.lora is not None:
-        raise ValueError("sharded LoRA training is not built; use trainer_ranks 1 with LoRA")
     for layer in policy.causal_lm.get_decoder().layers:
         fully_shard(layer)
     root = fully_shard(policy.forward_module)

@@ -49,7 +49,9 @@ def split_trees(trees: Sequence[Tree], ranks: int) -> list[list[Tree]]:
 
 
 def sharded_trainer(model_dir: Path, compute_dtype: str, config: GRPOConfig, world: World) -> GRPOTrainer:
-    policy = Policy(model_dir, compute_dtype, gradient_checkpointing=config.gradient_checkpointing)
+    # Every rank draws the same LoRA A factors (the one-rank trainer's too): FSDP2 shards each rank's own copy.
+    torch.manual_seed(config.seed)
+    policy = Policy(model_dir, compute_dtype, lora=config.lora(), gradient_checkpointing=config.gradient_checkpointing)
     shard(policy, world)
     return GRPOTrainer(policy, config, world)
 
@@ -185,6 +187,10 @@ class LeaderPolicy:
     def causal_lm(self):
         return self.inner.causal_lm
 
+    @property
+    def lora(self):
+        return self.inner.lora
+
     def merged_state_dict(self):
         self.tell("gather")
         yield from self.inner.merged_state_dict()
@@ -196,6 +202,14 @@ class LeaderPolicy:
     def save_pretrained(self, out_dir: Path) -> None:
         self.tell("gather")  # save_pretrained gathers the weights once
         self.inner.save_pretrained(out_dir)
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        self.tell("adapter")
+        return self.inner.adapter_state_dict()
+
+    def save_adapter(self, out_dir: Path, dtype: torch.dtype | None = None) -> int:
+        self.tell("adapter")  # save_adapter gathers the adapter once
+        return self.inner.save_adapter(out_dir, dtype)
 
 
 def follow(index: int, size: int, address: str, port: int, model_dir: str, compute_dtype: str, config: GRPOConfig, threads: int) -> None:
@@ -217,6 +231,8 @@ def follow(index: int, size: int, address: str, port: int, model_dir: str, compu
             elif command == "gather":
                 for _ in trainer.policy.merged_state_dict():
                     pass  # this rank's part of the gather; the full tensors land on rank 0
+            elif command == "adapter":
+                trainer.policy.adapter_state_dict()  # likewise, the adapter's tensors only
             elif command == "logprobs":
                 trainer.policy.no_grad_logprobs(*args)
             elif command == "save":

@@ -45,9 +45,51 @@ def test_a_lora_checkpoint_holds_the_adapter_and_adamw_and_resumes(tiny_model_di
         assert torch.equal(a, b)
 
 
-def test_lora_on_several_trainer_ranks_is_refused_naming_the_fix():
-    with pytest.raises(ValueError, match="--trainer-ranks 1"):
-        GRPOConfig(lora_rank=8, trainer_ranks=2)
+def test_two_sharded_ranks_train_the_adapter_one_rank_trains(tiny_model_dir, tmp_path):
+    """FSDP2 over the peft model (gloo, a spawned rank). Two updates: one group each, of unequal lengths, then one
+    group (the other rank runs a padding pass); a clip that binds, which with Adam shows from the second update on
+    (the adapter's gradient norm must be the global one). The adapter the sync writes on rank 0 after each is the
+    one-rank trainer's. Their sharded checkpoint (adapter and AdamW, no base) resumes on one rank: a third update
+    there ends where the one-rank trainer's third ends."""
+    from safetensors.torch import load_file
+
+    from rstar.rl.grpo.distributed import check_world_size
+    from rstar.rl.grpo.ranks import TrainerRanks
+
+    try:
+        check_world_size(2)
+    except ValueError as exc:  # one core
+        pytest.skip(str(exc))
+    config = CONFIG.model_copy(update={"grad_clip": 0.01})
+    longer = Tree([11, 12], [Branch([13, 14, 15, 16, 17, 18], [1] * 6, {"advantage": [0.5] * 6, "rollout_logprobs": [-4.0] * 6}),
+                             Branch([19, 20], [1, 1], {"advantage": [-0.5] * 2, "rollout_logprobs": [-4.0] * 2})])
+    steps = [[TREE, longer], [longer]]
+    single = lora_trainer(tiny_model_dir, CONFIG.seed)
+    start = {name: tensor.clone() for name, tensor in single.policy.adapter_state_dict().items()}
+    one, one_adapters = [], []
+    for trees in steps:
+        one.append(single.update(trees, config))
+        one_adapters.append({name: tensor.clone() for name, tensor in single.policy.adapter_state_dict().items()})
+    two, two_adapters = [], []
+    with TrainerRanks(tiny_model_dir, "float32", config, size=2) as ranks:
+        for index, trees in enumerate(steps):
+            two.append(ranks.update(trees, config))
+            ranks.policy.save_adapter(tmp_path / str(index))  # what the weight sync writes
+            two_adapters.append(load_file(str(tmp_path / str(index) / ADAPTER_WEIGHTS)))
+        ranks.save_training_state(tmp_path / "checkpoint")
+    assert one[0]["grad_norm"] > 10 * config.grad_clip  # the clip binds
+    assert max((one_adapters[0][n] - start[n]).abs().max().item() for n in start) > 1e-4  # the update is far above the tolerance
+    for a, b, expected, synced in zip(one, two, one_adapters, two_adapters):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-6) and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+        assert sorted(synced) == sorted(expected) and all("lora_" in name for name in synced)
+        worst = max((synced[n] - expected[n]).abs().max().item() for n in expected)
+        assert worst <= 1e-5, f"two ranks' adapter differs from one rank's by {worst}"
+    resumed = lora_trainer(tiny_model_dir, seed=1)  # other random A factors, which the checkpoint replaces
+    resumed.load_training_state(tmp_path / "checkpoint")
+    single.update([TREE], config)
+    resumed.update([TREE], config)  # equal only if AdamW's moments came back too
+    after, expected = resumed.policy.adapter_state_dict(), single.policy.adapter_state_dict()
+    assert max((after[n] - expected[n]).abs().max().item() for n in expected) <= 1e-5
 
 
 def test_the_engine_gets_the_smallest_lora_rank_vllm_takes_that_fits():
