@@ -1,7 +1,9 @@
-"""The Chat tab: stream answers with their reasoning and code cells, stop them, keep and reload conversations.
+"""The Chat tab: stream answers with their reasoning and code cells, stop them, keep and reload conversations,
+attach files for the code and download what it wrote (ui/attachments.py).
 
 The tab's state is one dict: the stored conversation's id (None until the server stores the first
-exchange), the full messages (with reasoning and cells, for export) and the rendered chat so far.
+exchange), its container's id (None until a message attaches a file), the full messages (with reasoning and
+cells, for export) and the rendered chat so far.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import Any, TypeVar
 
 import gradio as gr
 
+from rstar.ui.attachments import attach, attachment_note, fetch_written, file_sizes
 from rstar.ui.client import ApiClient, ApiError, StreamEvent
-from rstar.ui.render import AssistantTurn, conversation_messages, turn_messages
+from rstar.ui.render import AssistantTurn, conversation_messages, download_messages, turn_messages
 
 log = logging.getLogger("rstar.ui")
 
@@ -137,7 +140,7 @@ def answer_signal(number: int, phase: str) -> str:
 
 
 def new_state() -> dict[str, Any]:
-    return {"conversation_id": None, "messages": [], "display": []}
+    return {"conversation_id": None, "container_id": None, "messages": [], "display": []}
 
 
 def notice(message: str) -> str:
@@ -165,7 +168,8 @@ def request_payload(
     """The /v1/chat/completions body for the next user message; the history goes as role + content only.
 
     A `prefix` is the start of the answer, given for the model to continue (vLLM's continue_final_message);
-    a complete <tool_call> in it makes the server run that call first.
+    a complete <tool_call> in it makes the server run that call first. A conversation with a container runs
+    its cells there (the `container` extension field), every message after the first attachment.
     """
     messages = [{"role": "system", "content": system}] if system and system.strip() else []
     messages += [{"role": m["role"], "content": m.get("content") or ""} for m in state["messages"] if m["role"] in ("user", "assistant")]
@@ -184,6 +188,8 @@ def request_payload(
         payload["continue_final_message"] = True
     if state["conversation_id"]:
         payload["conversation_id"] = state["conversation_id"]
+    if state.get("container_id"):
+        payload["container"] = state["container_id"]
     return payload
 
 
@@ -238,6 +244,8 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
                 box = gr.Textbox(show_label=False, placeholder="Your message (Enter to send)", scale=8, elem_id="chat-input", autofocus=True)
                 send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
                 stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
+            # Sent with the next message into the conversation's container, where the code reads them at /mnt/data.
+            attachments = gr.File(label="Attach files for the code", file_count="multiple", height=120, elem_id="attachments")
             # Set in the same update as an answer's first and last message, so the page says when an answer
             # has ended without anyone guessing from a quiet period.
             answer_state = gr.HTML("", visible="hidden", elem_id="answer-state")
@@ -272,14 +280,22 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
         if time.monotonic() - early.pop(request.session_hash, float("-inf")) < EARLY_STOP_HOLD_S:
             stop.set()
 
-    async def respond(text, state, model, temperature, max_tokens, max_turns, tools, system, prefix, request: gr.Request):
+    async def respond(text, attached, state, model, temperature, max_tokens, max_turns, tools, system, prefix, request: gr.Request):
         stop = armed.pop(request.session_hash, None) or asyncio.Event()
         if not text.strip():
-            yield gr.skip(), state, gr.skip(), "", gr.skip()
+            yield gr.skip(), state, gr.skip(), "", gr.skip(), gr.skip()
             return
-        if request.session_hash in stops:  # the text stays in the box, to send once the answer has ended
-            yield gr.skip(), gr.skip(), gr.skip(), notice("An answer is still coming: wait for it, or press Stop, then send."), gr.skip()
+        if request.session_hash in stops:  # the text and files stay, to send once the answer has ended
+            yield gr.skip(), gr.skip(), gr.skip(), notice("An answer is still coming: wait for it, or press Stop, then send."), gr.skip(), gr.skip()
             return
+        try:  # before anything shows: a refused upload leaves the message and its files to send again
+            container_id, seen = await attach(client, state.get("container_id"), attached) if attached else (state.get("container_id"), [])
+        except ApiError as exc:
+            yield gr.skip(), gr.skip(), gr.skip(), notice(f"The files were not attached: {exc}"), gr.skip(), gr.skip()
+            return
+        state = {**state, "container_id": container_id}
+        if seen:
+            text = f"{text}\n\n{attachment_note(seen)}"
         payload = request_payload(state, text, model, temperature, max_tokens, max_turns, tools, system, prefix or "")
         user = {"role": "user", "content": text}
         shown = [*state["display"], user]
@@ -288,9 +304,11 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
         stops[request.session_hash] = stop
         # Each yield carries the state as it stands, so a stop keeps the partial answer in the history.
         progress = {**state, "messages": [*state["messages"], user], "display": shown}
-        yield shown + turn_messages(turn, streaming=True), progress, "", "", answer_signal(number, "streaming")
+        yield shown + turn_messages(turn, streaming=True), progress, "", "", answer_signal(number, "streaming"), None
         stored_as = None
+        downloads = []
         try:
+            before = await file_sizes(client, container_id) if container_id else {}
             async for batch in batches_until_set(stop, client.stream_chat(payload), lambda: render_interval_s(turn, render_floor_s)):
                 for event in batch:
                     if event.kind == "started":
@@ -298,11 +316,13 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
                     else:
                         apply_event(turn, event)
                 progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": shown + turn_messages(turn)}
-                yield shown + turn_messages(turn, streaming=True), progress, gr.skip(), gr.skip(), gr.skip()
+                yield shown + turn_messages(turn, streaming=True), progress, gr.skip(), gr.skip(), gr.skip(), gr.skip()
             # The server stores the exchange once the answer is complete; a stopped one may not exist there,
             # so only a finished stream's id is sent back next time.
             if not stop.is_set():
                 progress["conversation_id"] = stored_as or progress["conversation_id"]
+            if container_id:
+                downloads = await fetch_written(client, container_id, before)
         except ApiError as exc:
             turn.error = str(exc)
         except Exception as exc:  # the page gets one line; the log keeps the traceback
@@ -312,8 +332,9 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
             if stops.get(request.session_hash) is stop:
                 del stops[request.session_hash]
         turn.stopped = stop.is_set()
-        progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": shown + turn_messages(turn)}
-        yield progress["display"], progress, gr.skip(), "", answer_signal(number, "stopped" if stop.is_set() else "done")
+        display = shown + turn_messages(turn) + download_messages(downloads)
+        progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": display}
+        yield progress["display"], progress, gr.skip(), "", answer_signal(number, "stopped" if stop.is_set() else "done"), gr.skip()
 
     async def stop_answer(request: gr.Request):
         session = request.session_hash
@@ -339,7 +360,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
             return gr.skip(), gr.skip(), notice(str(exc))
         messages = [m for m in stored["messages"] if m["role"] != "system"]
         display = conversation_messages(messages)
-        return display, {"conversation_id": stored["id"], "messages": messages, "display": display}, ""
+        return display, {**new_state(), "conversation_id": stored["id"], "messages": messages, "display": display}, ""
 
     async def delete_conversation(conversation_id, state):
         if not conversation_id:
@@ -363,14 +384,14 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
         return gr.update(value=out.name, visible=True), ""
 
     settings = [model, temperature, max_tokens, max_turns, tools, system, prefix]
-    outputs = [chatbot, state, box, alert, answer_state]
+    outputs = [chatbot, state, box, alert, answer_state, attachments]
     # Progress shows on the chat only: the input box stays usable for the next message. Gradio runs one event of
     # a listener at a time unless told otherwise; an answer mostly waits on the API, which batches answers, so
     # every page's answer streams at once (concurrency_limit=None) instead of queueing behind other pages'.
     # A send first arms its answer's stop request, unqueued, then starts the answer. A send during an answer
     # reaches `respond` (trigger_mode "multiple"; Gradio's "once" drops the click without a word), which says
     # why it waits.
-    answering = dict(fn=respond, inputs=[box, state, *settings], outputs=outputs, show_progress_on=chatbot, concurrency_limit=None, trigger_mode="multiple")
+    answering = dict(fn=respond, inputs=[box, attachments, state, *settings], outputs=outputs, show_progress_on=chatbot, concurrency_limit=None, trigger_mode="multiple")
     submitted = box.submit(arm, None, None, queue=False, trigger_mode="multiple").then(**answering)
     clicked = send.click(arm, None, None, queue=False, trigger_mode="multiple").then(**answering)
     for event in (submitted, clicked):

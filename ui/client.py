@@ -1,4 +1,4 @@
-"""The UI's HTTP client to the rstar API (local or remote): chat streaming, conversations, eval runs.
+"""The UI's HTTP client to the rstar API (local or remote): chat streaming, conversations, containers, eval runs.
 
 Every failure becomes an `ApiError` whose message a person can act on; the page shows that message and
 never a traceback.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -115,6 +116,29 @@ class ApiClient:
 
     async def delete_conversation(self, conversation_id: str) -> None:
         await self._send("DELETE", f"/v1/conversations/{conversation_id}")
+
+    async def create_container(self, name: str) -> str:
+        """A new container of the UI's key (/v1/containers): its id."""
+        return (await self._send("POST", "/v1/containers", {"name": name}))["id"]
+
+    async def upload_to_container(self, container_id: str, path: Path) -> dict[str, Any]:
+        """Put the file at `path` (on the UI's machine) into the container, under its own name."""
+        try:
+            async with self._client() as client:
+                with path.open("rb") as content:
+                    response = await client.post(f"/v1/containers/{container_id}/files", files={"file": (path.name, content)})
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+        if response.status_code != 200:
+            raise ApiError(_error_message(response))
+        return response.json()
+
+    async def container_files(self, container_id: str) -> list[dict[str, Any]]:
+        """The container's files, oldest first (its first 100: a container holds no more by default)."""
+        return (await self._get(f"/v1/containers/{container_id}/files", limit=100, order="asc"))["data"]
+
+    async def container_file_content(self, container_id: str, file_id: str) -> bytes:
+        return await self._get(f"/v1/containers/{container_id}/files/{file_id}/content")
 
     async def rl_runs(self) -> list[dict[str, Any]]:
         return (await self._get("/v1/rl/runs"))["data"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # Cell statuses the server sends (`delta.code_cell.status`) and how the page names them.
@@ -324,6 +325,11 @@ def turn_messages(turn: AssistantTurn, streaming: bool = False) -> list[dict[str
     if streaming and not messages:
         messages.append({"role": "assistant", "content": "…"})
     return messages
+
+
+def download_messages(paths: list[Path]) -> list[dict[str, Any]]:
+    """Chat messages offering each file the answer's code wrote for download, under the answer."""
+    return [{"role": "assistant", "content": {"path": str(path)}} for path in paths]
 
 
 def conversation_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -140,6 +140,12 @@ def test_an_answer_prefix_is_continued_and_a_new_chat_has_no_conversation_yet():
     assert isinstance(payload["max_tokens"], int) and isinstance(payload["max_turns"], int)
 
 
+def test_a_conversation_with_a_container_runs_its_cells_there_and_one_without_names_none():
+    assert "container" not in request_payload(new_state(), "hi", "", 0.0, 32, 2, True, "")
+    with_files = {**new_state(), "container_id": "cntr_" + "a" * 32}
+    assert request_payload(with_files, "sum it", "", 0.0, 32, 2, True, "")["container"] == "cntr_" + "a" * 32
+
+
 def test_conversation_choices_label_title_and_time():
     choices = conversation_choices([{"id": "a", "title": "", "created_at": 1795988645}, {"id": "b", "title": "x" * 100, "created_at": 0}])
     assert choices[0] == ("(untitled) · 2026-11-29 21:44", "a")  # UTC
