@@ -18,6 +18,18 @@ QUESTION = [{"role": "user", "content": "What is 6*7?"}]
 TOOL_TURNS = ("<reason>Let me compute.</reason>\n" + call("print(6*7)"), "<reason>The tool says 42.</reason>The answer is 42.")
 
 
+def routes_client(tmp_path, key: str, **settings_overrides) -> openai.OpenAI:
+    """The openai client, sending `key`, on `build_app`'s routes alone: the lifespan is not run, so there is no
+    engine and no sandbox (for the routes that need neither: containers, files)."""
+
+    async def no_engine():
+        raise AssertionError("these tests run no lifespan")
+
+    settings = load_settings(data_dir=tmp_path, api_key=key, **settings_overrides)
+    http = TestClient(build_app(settings, no_engine, "scripted"))
+    return openai.OpenAI(api_key=key, base_url="http://testserver/v1", http_client=http, max_retries=0)
+
+
 def sandbox_of(http):
     return http.app.state.serving.sandbox
 

@@ -7,18 +7,11 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from rstar.app import build_app
-from rstar.config import load_settings
-
-
-async def _no_engine():
-    raise AssertionError("these tests run no lifespan")
+from tests.unit.api_server import routes_client
 
 
 def _client(tmp_path, key: str, api: dict | None = None, **files) -> openai.OpenAI:
-    settings = load_settings(data_dir=tmp_path, api_key=key, files=files, api=api)
-    http = TestClient(build_app(settings, _no_engine, "scripted"))
-    return openai.OpenAI(api_key=key, base_url="http://testserver/v1", http_client=http, max_retries=0)
+    return routes_client(tmp_path, key, files=files, api=api)
 
 
 @pytest.fixture
