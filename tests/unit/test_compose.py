@@ -132,5 +132,17 @@ def test_the_keys_are_required_and_nothing_that_runs_code_is_open(compose):
     for name in ("ray-head-cuda", "ray-head-rocm"):
         assert "--dashboard-host=127.0.0.1" in services[name]["entrypoint"], name
     sandbox = services["sandbox"]
-    assert "volumes" not in sandbox and "ports" not in sandbox
-    assert set(sandbox["environment"]) == {"RSTAR_SANDBOX__TOKEN"}  # no database URL, no data dir
+    assert sandbox["volumes"] == ["containers:/containers"] and "ports" not in sandbox  # the containers' files only
+    assert set(sandbox["environment"]) == {"RSTAR_SANDBOX__TOKEN", "RSTAR_SANDBOX__CONTAINERS_DIR"}  # no database URL, no data dir
+
+
+def test_the_api_and_the_sandbox_share_the_containers_directory(compose):
+    """A container's files are written by the API (uploads) and by its cells in the sandbox: one volume, at the
+    one path both are told. The api services take volumes from x-api, the first of their merge (as compose does)."""
+    sandbox, api = compose["services"]["sandbox"], compose["x-api"]
+    mounts = {service: dict(volume.split(":")[::-1] for volume in config["volumes"]) for service, config in (("sandbox", sandbox), ("api", api))}
+    for service, config in (("sandbox", sandbox), ("api", api)):
+        directory = config["environment"]["RSTAR_SANDBOX__CONTAINERS_DIR"]
+        assert mounts[service][directory] == "containers", service
+    assert "containers" in compose["volumes"]
+    assert {"/data": "rstar-data", "/hf-cache": "hf-cache"}.items() <= mounts["api"].items()  # x-rstar's, kept
