@@ -289,7 +289,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
             yield gr.skip(), gr.skip(), gr.skip(), notice("An answer is still coming: wait for it, or press Stop, then send."), gr.skip(), gr.skip()
             return
         try:  # before anything shows: a refused upload leaves the message and its files to send again
-            container_id, seen = await attach(client, state.get("container_id"), attached) if attached else (state.get("container_id"), [])
+            container_id, seen = await attach(client, state["container_id"], attached) if attached else (state["container_id"], [])
         except ApiError as exc:
             yield gr.skip(), gr.skip(), gr.skip(), notice(f"The files were not attached: {exc}"), gr.skip(), gr.skip()
             return
