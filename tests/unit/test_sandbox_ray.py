@@ -10,8 +10,10 @@ from rstar.sandbox.clients import SandboxClient, connect
 from rstar.sandbox.settings import SandboxSettings
 
 
-def test_ray_pool_runs_cells_on_every_node():
-    settings = SandboxSettings(workers=1, uid_base=64000, preload=["numpy"], ray_pools_per_node=2)
+def test_ray_pool_runs_cells_on_every_node(tmp_path):
+    container = "cntr_" + "c" * 32
+    (tmp_path / container / "data").mkdir(parents=True)
+    settings = SandboxSettings(workers=1, uid_base=64000, preload=["numpy"], ray_pools_per_node=2, containers_dir=str(tmp_path))
 
     async def use():
         client = connect(settings, ray=True)
@@ -21,6 +23,8 @@ def test_ray_pool_runs_cells_on_every_node():
             many = await client.run_batch([{"code": f"print({i})"} for i in range(6)] + [{"code": 5}])
             session = [await client.run({"code": c, "session_id": "r"}) for c in ("k = 9", "k", "k + 1")]
             await client.close_session("r")
+            in_container = [await client.run({"code": c, "container_id": container}) for c in ("k = 7", "k", "k + 1")]
+            await client.close_container(container)
             verdict = await client.verify(r"<answer>\boxed{025}</answer>", "25")
             health = await client.health()
             for _ in range(100):  # the closed session's process may take a moment to die
@@ -28,12 +32,13 @@ def test_ray_pool_runs_cells_on_every_node():
                 if all(p["role"] in ("spare", "exiting") for table in processes for p in table):
                     break
                 await asyncio.sleep(0.05)
-        return one, many, session, verdict, health, processes
+        return one, many, session, in_container, verdict, health, processes
 
-    one, many, session, verdict, health, processes = asyncio.run(use())
+    one, many, session, in_container, verdict, health, processes = asyncio.run(use())
     assert one.stdout == "np.int64(6)\n"
     assert [r.stdout for r in many[:6]] == [f"{i}\n" for i in range(6)] and many[6].status == "invalid_input"
     assert [r.stdout for r in session[1:]] == ["9\n", "10\n"]  # a session sticks to one node pool
+    assert [r.stdout for r in in_container[1:]] == ["7\n", "8\n"]  # a container's interpreter too, and is closed there
     assert verdict.correct
     assert health["status"] == "ok" and len(health["pools"]) == 2
     assert all(pool["layers"]["seccomp"]["active"] for pool in health["pools"])
