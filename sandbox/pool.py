@@ -325,8 +325,8 @@ class SandboxPool:
 
     async def close_session(self, session_id: str) -> None:
         """End a session's interpreter (a container's is the session named by its id). A cell running in it
-        ends first, by its deadline at most: the zygote answers no cell of a session it closed, so that
-        cell's caller would wait out the grace and then restart the whole zygote."""
+        ends first, by its deadline at most, so its caller gets the cell's own result (the zygote would stop it
+        and answer internal_error)."""
         async with self._session_locks.get(session_id) or contextlib.nullcontext():
             zygote = await self._ensure_zygote()
             await zygote.send({"op": "close_session", "session": session_id})

@@ -293,6 +293,10 @@ class Zygote:
         session = self.sessions.remove(session_id)
         if session is None:
             return
+        if session.job is not None and session.job.id is not None:
+            # Its caller waits for an answer: without one it waits out the deadline and restarts the zygote.
+            session.job.kill_reason, session.job.kill_detail = "internal_error", "The cell was stopped: its session was closed while it ran."
+            self.finish(session.job)  # the session is out of the table already, so teardown leaves the rest to us
         if session.job is not None:
             self.streams.unwatch(session.job)
         self.destroy(session.child)
