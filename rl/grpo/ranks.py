@@ -4,9 +4,9 @@ a `RayPlacement`, Ray actors a placement group puts on the cluster (`ray_ranks.p
 Rank 0 stays in the process that owns the rollout engine, so the weight sync and checkpoints read the full
 weights where they are needed: gathered once per step into rank 0's memory, never one copy per rank. The other
 ranks run `follow` (started locally with `torch.multiprocessing.start_processes`, spawn), join the same process
-group and then follow rank 0: rank 0 broadcasts what to do (`dist.broadcast_object_list`), and every rank does it together,
-since every operation on a sharded model is a collective. For an update, each rank then receives its own share of
-the step's groups (`dist.scatter_object_list`), not the whole step.
+group and then follow rank 0: rank 0 broadcasts what to do (`dist.broadcast_object_list`), and every rank does it
+together, since every operation on a sharded model is a collective. For an update, each rank then receives its own
+share of the step's groups (`dist.scatter_object_list`), not the whole step.
 
     with TrainerRanks(model_dir, "float32", config, size=2) as ranks:
         stats = ranks.update(trees, config)    # the step's groups balanced by tokens across the ranks, never split
