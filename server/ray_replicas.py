@@ -48,7 +48,7 @@ class EngineActor:
 
     async def start(self) -> ReplicaInfo:
         self.engine = await VllmEngine.start(self._model_dir, self._settings, self._served_model_name, cache_dir=self._cache_dir)
-        return ReplicaInfo(max_model_len=self.engine.max_model_len, dtype=self.engine.dtype)
+        return ReplicaInfo(max_model_len=self.engine.max_model_len, dtype=self.engine.dtype, sleep_unavailable=self.engine.sleep_unavailable)
 
     async def generate(self, prompt_ids: list[int], options: SamplingOptions, request_id: str):
         async with contextlib.aclosing(self.engine.generate(prompt_ids, options, request_id)) as stream:
@@ -69,6 +69,12 @@ class EngineActor:
 
     async def load_adapter(self, adapter_dir: str | None) -> None:
         await self.engine.load_adapter(adapter_dir)
+
+    async def sleep(self) -> None:
+        await self.engine.sleep()
+
+    async def wake_up(self) -> None:
+        await self.engine.wake_up()
 
     async def reset_prefix_cache(self) -> None:
         await self.engine.reset_prefix_cache()
@@ -137,6 +143,12 @@ class RayReplica:
 
     async def load_adapter(self, adapter_dir: str | None) -> None:
         await self._call("load_adapter", adapter_dir)
+
+    async def sleep(self) -> None:
+        await self._call("sleep")
+
+    async def wake_up(self) -> None:
+        await self._call("wake_up")
 
     async def reset_prefix_cache(self) -> None:
         await self._call("reset_prefix_cache")

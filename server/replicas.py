@@ -42,6 +42,7 @@ class ReplicaInfo:
 
     max_model_len: int
     dtype: str
+    sleep_unavailable: str | None = None  # why its engine cannot sleep (TokenEngine.sleep_unavailable), or None
 
 
 class Replica(Protocol):
@@ -62,6 +63,10 @@ class Replica(Protocol):
     async def reload_weights(self, weights_dir: str) -> None: ...
 
     async def load_adapter(self, adapter_dir: str | None) -> None: ...
+
+    async def sleep(self) -> None: ...
+
+    async def wake_up(self) -> None: ...
 
     async def reset_prefix_cache(self) -> None: ...
 
@@ -170,6 +175,8 @@ class ReplicatedEngine:
     _serving: "Served" = field(default_factory=lambda: Served())  # what every replica serves, which a restarted one loads too
     _tasks: set[asyncio.Task] = field(default_factory=set)
     _closed: bool = False
+    _sleep_unavailable: str | None = None  # why the replicas cannot sleep, from what they reported at start
+    _asleep: bool = False  # between sleep and wake_up: a replica that restarts meanwhile sleeps too
     on_shutdown: Callable[[], Awaitable[None]] | None = None  # releases what the replicas ran on (the Ray connection)
 
     @classmethod
@@ -183,6 +190,7 @@ class ReplicatedEngine:
             raise
         engine.max_model_len = min(info.max_model_len for info in infos)
         engine.dtype = infos[0].dtype
+        engine._sleep_unavailable = next((f"replica {i}: {info.sleep_unavailable}" for i, info in enumerate(infos) if info.sleep_unavailable), None)
         for slot in engine._slots:
             slot.healthy = True
         await asyncio.gather(*(engine._sample(i) for i in range(router.replicas)))
@@ -299,6 +307,10 @@ class ReplicatedEngine:
                     await replica.reload_weights(served.weights_dir)
                 if served.adapter_dir is not None:
                     await replica.load_adapter(served.adapter_dir)
+                asleep = False
+                while asleep != self._asleep:  # the others sleep for a colocated trainer's update: so does this one
+                    asleep = not asleep
+                    await (replica.sleep() if asleep else replica.wake_up())
             except Exception as exc:
                 log.error("engine replica %d did not restart (%s); trying again in %.0f s", index, exc, delay)
                 with contextlib.suppress(Exception):
@@ -398,9 +410,18 @@ class ReplicatedEngine:
                 done[lease.index] = result
         return done
 
-    # Sleeping N replicas for a colocated trainer (each replica's own sleep, and a replica restarting meanwhile kept
-    # asleep) is not built: an RL run on replicas says so and keeps them awake.
-    sleep_unavailable = "sleep mode across engine replicas is not built"
+    @property
+    def sleep_unavailable(self) -> str | None:
+        return self._sleep_unavailable
+
+    async def sleep(self) -> None:
+        """Every replica asleep for a colocated trainer's update; one that restarts meanwhile sleeps once up."""
+        self._asleep = True
+        await self._on_every_replica(lambda replica: replica.sleep(), "sleep; they sleep when they restart")
+
+    async def wake_up(self) -> None:
+        self._asleep = False
+        await self._on_every_replica(lambda replica: replica.wake_up(), "wake up; they start awake")
 
     async def reload_weights(self, weights_dir: str | Path) -> None:
         """New weights on every replica; one that fails to load is lost and restarts with them. Replicas restarting

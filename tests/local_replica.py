@@ -30,7 +30,7 @@ class LocalReplica:
 
     async def start(self) -> ReplicaInfo:
         self.engine = await self._start_engine()
-        return ReplicaInfo(max_model_len=self.engine.max_model_len, dtype=getattr(self.engine, "dtype", ""))
+        return ReplicaInfo(max_model_len=self.engine.max_model_len, dtype=getattr(self.engine, "dtype", ""), sleep_unavailable=self.engine.sleep_unavailable)
 
     async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions, request_id: str) -> AsyncIterator[TokenDelta]:
         async with contextlib.aclosing(self._alive().generate(prompt_ids, options, request_id)) as stream:
@@ -52,6 +52,12 @@ class LocalReplica:
 
     async def load_adapter(self, adapter_dir: str | None) -> None:
         await self._alive().load_adapter(adapter_dir)
+
+    async def sleep(self) -> None:
+        await self._alive().sleep()
+
+    async def wake_up(self) -> None:
+        await self._alive().wake_up()
 
     async def reset_prefix_cache(self) -> None:
         self._alive()

@@ -7,8 +7,9 @@ before the weight sync, so the new weights load into woken memory and the next r
 
     rollout -> reward -> sleep -> update -> wake -> sync + probe -> (next step) rollout
 
-An engine that cannot sleep (vLLM has no sleep mode on CPU; replicas; an engine started without it; the engine of
-a run started over the API, which answers requests all along) stays awake, and the run says so once, at its start.
+Engine replicas sleep and wake together (`ReplicatedEngine.sleep`; one restarting meanwhile sleeps once up). An
+engine that cannot sleep (vLLM has no sleep mode on CPU; an engine started without it; the engine of a run started
+over the API, which answers requests all along) stays awake, and the run says so once, at its start.
 """
 
 from __future__ import annotations
