@@ -54,6 +54,7 @@ class AgentPlan:
     config: LoopConfig
     sampling: list[SamplingOptions]  # one per choice
     executor: SandboxExecutor
+    made_container: str | None = None  # a container made for this request alone (Responses' auto with file_ids)
 
     @property
     def prompt_len(self) -> int:

@@ -226,7 +226,18 @@ class ResponsesService(AgentServing):
             settings, field = auto
             container = await asyncio.to_thread(container_with_files, containers, files, settings, owner, field)
             await self.use_container(plan, containers, container.id, owner, field)
+            plan.made_container = container.id
         return plan
+
+    async def admit(self, plan: AgentPlan, containers: ContainerStore, owner: str | None) -> None:
+        """The response's admission slot. A request turned away (429) or gone while it waited leaves nothing:
+        the container it made for its files is removed again."""
+        try:
+            await self.serving.admission.acquire(1)
+        except BaseException:
+            if plan.made_container is not None:
+                await asyncio.to_thread(containers.delete, plan.made_container, owner)
+            raise
 
     async def _events(self, request: ResponsesRequest, plan: AgentPlan, received_at: float, containers: ContainerStore, owner: str | None) -> AsyncIterator[dict]:
         response_id = _item_id("resp")
@@ -254,16 +265,21 @@ class ResponsesService(AgentServing):
     async def create(self, request: ResponsesRequest, received_at: float, containers: ContainerStore, files: FileStore, owner: str | None) -> dict:
         plan = await self.plan_request(request, containers, files, owner)
         final = None
-        async with self.serving.admission.slots(1), contextlib.aclosing(self._events(request, plan, received_at, containers, owner)) as events:
-            async for event in events:
-                final = event
+        await self.admit(plan, containers, owner)
+        try:
+            async with contextlib.aclosing(self._events(request, plan, received_at, containers, owner)) as events:
+                async for event in events:
+                    final = event
+        finally:
+            await self.serving.admission.release(1)
         if final is None or "response" not in final:
             raise APIError(500, "the response ended without a result")
         return final["response"]
 
     async def stream(self, request: ResponsesRequest, received_at: float, containers: ContainerStore, files: FileStore, owner: str | None) -> AdmittedStream:
         plan = await self.plan_request(request, containers, files, owner)
-        return await self.admitted_stream(1, self._sse(request, plan, received_at, containers, owner))
+        await self.admit(plan, containers, owner)
+        return AdmittedStream(self.serving.admission, 1, self._sse(request, plan, received_at, containers, owner))
 
     async def _sse(self, request: ResponsesRequest, plan: AgentPlan, received_at: float, containers: ContainerStore, owner: str | None) -> AsyncIterator[str]:
         async with contextlib.aclosing(self._events(request, plan, received_at, containers, owner)) as events:

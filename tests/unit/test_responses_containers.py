@@ -145,6 +145,19 @@ def test_files_the_container_cannot_take_are_refused_naming_the_file_and_leave_n
     assert list(client.containers.list()) == [] and http.app.state.serving.sandbox.requests == []
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_turned_away_at_capacity_leaves_no_container_behind(make_server, stream):
+    client, http, engine, _ = make_server(replies=("slow " * 40,), api_key="key-a", api={"max_running_requests": 1, "max_waiting_requests": 0})
+    engine.token_delay_s = 0.05
+    csv = client.files.create(file=("sales.csv", b"amount\n30\n"), purpose="user_data")
+    busy = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}], stream=True)
+    next(iter(busy))  # holds the only running slot
+    with pytest.raises(openai.RateLimitError):
+        client.responses.create(model="scripted", input="Total?", stream=stream, tools=[{"type": "code_interpreter", "container": {"type": "auto", "file_ids": [csv.id]}}])
+    busy.close()
+    assert list(client.containers.list()) == []
+
+
 def test_on_the_real_sandbox_the_code_reads_a_file_handed_by_id(make_server, tmp_path):
     from rstar.sandbox.clients import LocalClient
     from rstar.sandbox.settings import SandboxSettings
