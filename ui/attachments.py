@@ -20,6 +20,17 @@ async def attach(client: ApiClient, container_id: str | None, paths: list[str]) 
     return container_id, seen
 
 
+EXPIRED = ("This conversation's files expired with its container (it is removed after its idle minutes): "
+           "the code no longer sees them. Attach them again to use them.")
+
+
+async def live_container(client: ApiClient, container_id: str | None) -> tuple[str | None, str]:
+    """The conversation's container if it is still there, else None and the notice saying its files are gone."""
+    if container_id is None or await client.container_exists(container_id):
+        return container_id, ""
+    return None, EXPIRED
+
+
 def attachment_note(seen: list[str]) -> str:
     """The line a message with attachments carries, so the model knows where its files are."""
     return "Attached: " + ", ".join(f"`{path}`" for path in seen)

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import gradio as gr
 
-from rstar.ui.attachments import attach, attachment_note, fetch_written, file_sizes
+from rstar.ui.attachments import attach, attachment_note, fetch_written, file_sizes, live_container
 from rstar.ui.client import ApiClient, ApiError, StreamEvent
 from rstar.ui.render import AssistantTurn, conversation_messages, download_messages, turn_messages
 
@@ -289,7 +289,8 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
             yield gr.skip(), gr.skip(), gr.skip(), notice("An answer is still coming: wait for it, or press Stop, then send."), gr.skip(), gr.skip()
             return
         try:  # before anything shows: a refused upload leaves the message and its files to send again
-            container_id, seen = await attach(client, state["container_id"], attached) if attached else (state["container_id"], [])
+            container_id, expired = await live_container(client, state["container_id"])
+            container_id, seen = await attach(client, container_id, attached) if attached else (container_id, [])
         except ApiError as exc:
             yield gr.skip(), gr.skip(), gr.skip(), notice(f"The files were not attached: {exc}"), gr.skip(), gr.skip()
             return
@@ -304,7 +305,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
         stops[request.session_hash] = stop
         # Each yield carries the state as it stands, so a stop keeps the partial answer in the history.
         progress = {**state, "messages": [*state["messages"], user], "display": shown}
-        yield shown + turn_messages(turn, streaming=True), progress, "", "", answer_signal(number, "streaming"), None
+        yield shown + turn_messages(turn, streaming=True), progress, "", notice(expired), answer_signal(number, "streaming"), None
         stored_as = None
         downloads = []
         try:
@@ -334,7 +335,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
         turn.stopped = stop.is_set()
         display = shown + turn_messages(turn) + download_messages(downloads)
         progress = {**progress, "messages": [*state["messages"], user, _assistant_message(turn)], "display": display}
-        yield progress["display"], progress, gr.skip(), "", answer_signal(number, "stopped" if stop.is_set() else "done"), gr.skip()
+        yield progress["display"], progress, gr.skip(), notice(expired), answer_signal(number, "stopped" if stop.is_set() else "done"), gr.skip()
 
     async def stop_answer(request: gr.Request):
         session = request.session_hash

@@ -121,6 +121,17 @@ class ApiClient:
         """A new container of the UI's key (/v1/containers): its id."""
         return (await self._send("POST", "/v1/containers", {"name": name}))["id"]
 
+    async def container_exists(self, container_id: str) -> bool:
+        """Whether the container is still there (False once it expired or was deleted: a 404)."""
+        try:
+            async with self._client() as client:
+                response = await client.get(f"/v1/containers/{container_id}")
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+        if response.status_code not in (200, 404):
+            raise ApiError(_error_message(response))
+        return response.status_code == 200
+
     async def upload_to_container(self, container_id: str, path: Path) -> dict[str, Any]:
         """Put the file at `path` (on the UI's machine) into the container, under its own name."""
         try:

@@ -1,4 +1,5 @@
-"""A file attached in the chat is read by the model's code, and the file the code wrote downloads from the page:
+"""A file attached in the chat is read by the model's code, and the file the code wrote downloads from the page;
+once the conversation's container is gone, the next message says its files are gone and is answered all the same:
 the UI against a real rstar server on a scripted model (its cell reads /mnt/data/sales.csv and prints the sum)
 and the real sandbox, no engine."""
 
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 import tempfile
 
+import httpx
 import pytest
 
 from tests.e2e.chat_page import ask_and_wait, messages_text
@@ -39,13 +41,13 @@ def files_ui(default_tokenizer, tmp_path_factory):
         patch.setattr(tempfile, "tempdir", str(scratch))
         api_url, stop_api = serve_in_thread(build_app(settings, factory, "scripted"))
         ui_url, stop_ui = serve_in_thread(mount_ui(FastAPI(), api_url))
-        yield f"{ui_url}{UI_PATH}/", scratch
+        yield f"{ui_url}{UI_PATH}/", scratch, api_url
         stop_ui()
         stop_api()
 
 
 def test_an_attached_csv_is_read_by_the_code_and_the_file_it_wrote_downloads(new_page, files_ui):
-    ui_url, scratch = files_ui
+    ui_url, scratch, api_url = files_ui
     csv = scratch / "sales.csv"
     csv.write_text("amount\n30\n12\n")
     page = new_page(ui_url)
@@ -59,3 +61,10 @@ def test_an_attached_csv_is_read_by_the_code_and_the_file_it_wrote_downloads(new
         link.click()
     assert download.value.suggested_filename == "total.txt"
     assert open(download.value.path(), "rb").read() == b"42\n"
+
+    # The container expires (deleted here, as the purge would): the next message is answered, with the notice.
+    (container,) = httpx.get(f"{api_url}/v1/containers").json()["data"]
+    assert httpx.delete(f"{api_url}/v1/containers/{container['id']}").status_code == 200
+    assert ask_and_wait(page, "And now?") == "done"
+    assert "files expired with its container" in page.locator("#chat-notice").inner_text()
+    assert messages_text(page).count("The total is 42") == 2
