@@ -172,6 +172,7 @@ def _child_main(setup: ChildSetup, ends: dict[int, int], uid: int | None, scratc
                 cpu_s: int, container: Container | None) -> None:
     """Body of a forked child; never returns."""
     code = 70
+    status_fd = ends[CHILD_STATUS]  # until the fds are placed
     try:
         try:
             # Measured before hardening: Landlock then hides /proc. The few objects a job adds are noise.
@@ -181,15 +182,20 @@ def _child_main(setup: ChildSetup, ends: dict[int, int], uid: int | None, scratc
             if container is not None:
                 ends[CHILD_DATA] = os.open(container.data_dir, os.O_PATH | os.O_DIRECTORY)
             _place_fds({CHILD_STDIN: devnull, **ends})
+            status_fd = CHILD_STATUS
             # The forker's SIGCHLD handler, undone through _signal: signal.signal's enum wrapping runs enough
             # Python to copy dozens of pages in every fresh child.
             signal.set_wakeup_fd(-1)
             _signal.signal(signal.SIGCHLD, _signal.SIG_DFL)
             layers = harden_self(setup, uid, scratch, cpu_s, container, address_space)
         except BaseException as exc:  # noqa: BLE001 - reported to the zygote, then the child exits
-            _send_status({"status": "internal_error", "detail": f"hardening failed: {type(exc).__name__}: {exc}"})
+            _send_status({"status": "internal_error", "detail": f"hardening failed: {type(exc).__name__}: {exc}"}, status_fd)
             raise _ChildSetupError from exc
-        _serve_jobs(setup, persistent, layers, address_space)
+        try:
+            _serve_jobs(setup, persistent, layers, address_space)
+        except BaseException as exc:  # noqa: BLE001 - the job's caller is told why its cell got no answer
+            _send_status({"status": "internal_error", "detail": f"the cell process failed: {type(exc).__name__}: {exc}"})
+            raise
         code = 0
     finally:
         os._exit(code)
@@ -225,12 +231,12 @@ def harden_self(setup: ChildSetup, uid: int | None, scratch: str, cpu_s: int, co
     return layers
 
 
-def _send_status(message: dict) -> None:
+def _send_status(message: dict, fd: int = CHILD_STATUS) -> None:
     # A line with images is larger than the pipe: a write may take only part of it.
     view = memoryview((json.dumps(message) + "\n").encode())
     try:
         while view:
-            view = view[os.write(CHILD_STATUS, view):]
+            view = view[os.write(fd, view):]
     except OSError:
         pass
 

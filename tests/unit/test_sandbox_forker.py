@@ -69,7 +69,8 @@ def test_the_stray_sweep_waits_while_a_spawn_is_in_flight(monkeypatch):
 
     forker = Quiet()
     cfg = {"slots": 2, "drop_uid": True, "uid_base": 61000, "max_output_bytes": 1000, "max_sessions": 1,
-           "session_ttl_s": 60, "groups_sealed": True, "images": {"max_images": 1, "max_pixels": 1, "max_bytes": 1}}
+           "session_ttl_s": 60, "groups_sealed": True, "images": {"max_images": 1, "max_pixels": 1, "max_bytes": 1},
+           "container_caps": {"max_files": 1, "max_bytes": 1}}
     sweeps = []
     monkeypatch.setattr(procs, "kill_strays", lambda *args: sweeps.append(args) or [])
     z = zygote.Zygote(cfg, forker)
