@@ -222,26 +222,28 @@ class Zygote:
                 return
             session = self.sessions.get(session_id)
             new = session is None
-            if session is None:
-                session = self.open_session(session_id, container)
-                if session is None:
-                    self.send(refusal(request["id"], "queue_timeout", "every session slot is busy"))
-                    return
-            if session.busy:
+            if session is not None and session.busy:
                 self.send(refusal(request["id"], "invalid_input", "this session is already running a cell"))
                 return
+            try:
+                if session is None:
+                    session = self.open_session(session_id, container)
+                    if session is None:
+                        self.send(refusal(request["id"], "queue_timeout", "every session slot is busy"))
+                        return
+                elif container is not None:
+                    own_container(container.data_dir, session.child.uid)  # files uploaded since its last cell
+            except OSError as exc:  # the container's directory was deleted meanwhile
+                self.send(refusal(request["id"], "invalid_input", f"container {request['container']}: {exc}"))
+                return
             if container is not None:
-                try:
-                    own_container(container.data_dir, session.child.uid)  # files uploaded since its last cell included
-                except OSError as exc:  # deleted meanwhile
-                    self.send(refusal(request["id"], "invalid_input", f"container {request['container']}: {exc}"))
-                    return
                 usage = container_disk.measure(container.data_dir, self.container_caps)
                 if over := usage.over(self.container_caps):
                     self.send(refusal(request["id"], "output_limit", f"container {request['container']} holds {over}: delete files before running code in it"))
                     return
                 session.disk_before = usage  # what stays if this cell writes past the caps
-            self.streams.discard_pending(session.child)
+            if not new:  # a new interpreter has had no time between cells, and its pipes may hold why it failed to start
+                self.streams.discard_pending(session.child)
             job = Job(request, session.child, keep, session_id, now, self.status_max)
             job.session_new = new
             session.job = job
@@ -285,8 +287,15 @@ class Zygote:
                 return None
             self.close_session(victim)
         index = self.sessions.reserve_index()
-        child = self.spawn(self.session_uid(index), f"{self.cfg['scratch_root']}/session{index}", True,
-                           int(self.cfg["session_cpu_s"]), container)
+        uid = self.session_uid(index)
+        if container is not None:
+            try:
+                # Before the fork: the child enters the directory as soon as it has dropped to its uid.
+                own_container(container.data_dir, uid)
+            except OSError:
+                self.sessions.free_indices.append(index)
+                raise
+        child = self.spawn(uid, f"{self.cfg['scratch_root']}/session{index}", True, int(self.cfg["session_cpu_s"]), container)
         return self.sessions.add(session_id, index, child, time.monotonic())
 
     def close_session(self, session_id: str | None) -> None:

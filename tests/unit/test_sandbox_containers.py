@@ -120,3 +120,17 @@ def test_a_close_that_reaches_the_zygote_while_a_cell_runs_answers_that_cell(con
     assert result.status == "internal_error" and "session was closed" in result.stderr and time.monotonic() - started < 2.5, result
     assert pool.pool.metrics.zygote_restarts == restarts
     assert pool.run("print(1)", container_id=C).session_new is True
+
+
+def test_a_fresh_interpreter_finds_its_new_container_s_directory_open_to_it(containers):
+    """The server makes a container's directory 0700 and its own; the sandbox gives it to the interpreter's uid.
+    Given after the fork, the child could reach the directory first and fail to start (about 1 first cell in 60
+    here), and its reason was drained with the pipes of a session about to run a cell: a silent exit 70."""
+    pool, root = containers
+    statuses = []
+    for i in range(40):
+        container = f"cntr_{i:032x}"
+        (root / container / "data").mkdir(parents=True, mode=0o700)
+        result = pool.run("print(len(__import__('os').listdir('/mnt/data')))", container_id=container)
+        statuses.append((result.status, result.stderr[-200:]) if not result.ok else "ok")
+    assert statuses == ["ok"] * 40
