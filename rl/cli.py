@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import signal
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -63,11 +65,44 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def _progress() -> Progress:
+def _progress() -> Progress | _LogProgress:
+    if not console.is_terminal:
+        return _LogProgress()
     return Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[summary]}"),
         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
     )
+
+
+class _LogProgress:
+    """Progress where stderr is a file or a pipe (a run under nohup, CI), which rich's bar leaves empty until the
+    end: a line per update, at most one per LOG_EVERY_S unless the task is done. Speaks the part of
+    `rich.progress.Progress` the commands use."""
+
+    LOG_EVERY_S = 30.0
+
+    def __init__(self):
+        self.tasks: dict[int, dict] = {}
+        self.started = time.monotonic()
+
+    def __enter__(self) -> _LogProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def add_task(self, description: str, total: int | None = None, summary: str = "") -> int:
+        self.tasks[len(self.tasks)] = {"description": description, "total": total, "completed": 0, "summary": summary, "logged": -math.inf}
+        return len(self.tasks) - 1
+
+    def update(self, task: int, completed: int | None = None, total: int | None = None, summary: str | None = None) -> None:
+        state = self.tasks[task]
+        state.update({k: v for k, v in (("completed", completed), ("total", total), ("summary", summary)) if v is not None})
+        now = time.monotonic()
+        if now - state["logged"] < self.LOG_EVERY_S and state["completed"] != state["total"]:
+            return
+        state["logged"] = now
+        console.print(f"{state['description']} {state['completed']}/{state['total'] or '?'}  {state['summary']}  {now - self.started:.0f}s elapsed".rstrip(), highlight=False)
 
 
 def _summary(metrics: dict) -> str:
