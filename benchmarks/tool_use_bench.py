@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from rstar.hardware import cpu_info  # noqa: E402
 from rstar.sandbox.verify import extract_answer  # noqa: E402
-from tests.processes import free_port, wait_until_serving  # noqa: E402
+from served import served  # noqa: E402  (it starts servers with tests/processes.py)
 
 MAX_TOKENS = 512
 MAX_TURNS = 3
@@ -77,27 +76,15 @@ async def ask(client: httpx.AsyncClient, problem: dict, gate: asyncio.Semaphore)
 
 
 def evaluate(model: str, problems: list[dict], concurrency: int, log_dir: Path) -> dict:
-    port = free_port()
-    log_path = log_dir / f"serve-{abs(hash(model))}.log"
-    env = {**os.environ, "RSTAR_DATA_DIR": str(log_dir / "data"), "RSTAR_PORT": str(port)}
-    started = time.perf_counter()
-    with open(log_path, "w") as log:
-        server = subprocess.Popen([sys.executable, "-m", "rstar.cli", "serve", "--model", model, "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_until_serving(server, f"http://127.0.0.1:{port}/health", log_path, timeout_s=900)
-        startup_s = time.perf_counter() - started
-
+    with served(model, log_dir) as server:
         async def run_all():
             gate = asyncio.Semaphore(concurrency)
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as client:
                 return await asyncio.gather(*(ask(client, p, gate) for p in problems))
 
         began = time.perf_counter()
         answers = asyncio.run(run_all())
         wall = time.perf_counter() - began
-    finally:
-        server.terminate()
-        server.wait(60)
 
     def rate(key: str) -> float:
         return sum(a[key] for a in answers) / len(answers)
@@ -118,7 +105,7 @@ def evaluate(model: str, problems: list[dict], concurrency: int, log_dir: Path) 
         "median_seconds": statistics.median(a["seconds"] for a in answers),
         "mean_completion_tokens": statistics.fmean(a["completion_tokens"] for a in answers),
         "wall_s": wall,
-        "startup_s": startup_s,
+        "startup_s": server.startup_s,
         "answers": answers,
     }
 

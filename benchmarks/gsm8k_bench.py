@@ -1,0 +1,197 @@
+"""GSM8K test through the harness, on served models side by side: the base model on its own template against the
+tool-using default (issue 27).
+
+Each model is started by `rstar serve` as a user starts it, then `rstar eval run --suite gsm8k --endpoint ...`
+asks it every test problem (or the first --limit) with the suite's defaults (temperature 0, 0-shot, 5 turns,
+2048 tokens); the figures are read back from the harness's own database. Reported per model: accuracy with its
+95% Wilson interval, the tool-call rate (answers in which a cell ran) and mean tokens; for each pair, the paired
+difference on the same problems with a 95% bootstrap interval; for a tool-using model, its misses by kind:
+
+- no call: no cell ran;
+- failing cell: cells ran, none ended ok;
+- wrong program: a cell ran, none printed the gold number;
+- right program, wrong answer: a cell printed the gold number, the boxed answer is something else.
+
+Goals (issue 27, for `default`): accuracy >= 10%, tool-call rate >= 95%.
+
+    python benchmarks/gsm8k_bench.py [--limit N] [--models smollm2-135m-instruct:native:300,default:rstar] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from fractions import Fraction
+from pathlib import Path
+
+from goals import goal, run_header, write_report
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from rstar.evals.gsm8k import stated_number  # noqa: E402
+from rstar.server.db import EvalSample, open_database  # noqa: E402
+from served import served  # noqa: E402  (it starts servers with tests/processes.py)
+
+DEFAULT_MODELS = "smollm2-135m-instruct:native:300,default:rstar"  # the base, near 0%, is bounded well enough by 300 answers, and each can run to 2048 tokens
+FAILURE_KINDS = ("no call", "failing cell", "wrong program", "right program, wrong answer")
+EXAMPLES_PER_KIND = 3
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion (sound near 0, where a 135M model's accuracy sits)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def paired_bootstrap(differences: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile interval of the mean of per-problem differences, problems resampled with replacement."""
+    rng = random.Random(seed)
+    n = len(differences)
+    means = sorted(sum(differences[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    return (means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1])
+
+
+def cells_of(sample: EvalSample) -> list[dict]:
+    response = (sample.trajectory or {}).get("response") or {}
+    choices = response.get("choices") or [{}]
+    return choices[0].get("message", {}).get("code_cells") or []
+
+
+def failure_kind(sample: EvalSample) -> str | None:
+    """Why a tool-template answer missed (one of FAILURE_KINDS); None when it is right."""
+    if sample.score > 0:
+        return None
+    ran = [cell for cell in cells_of(sample) if cell.get("status") != "invalid_input"]
+    if not ran:
+        return "no call"
+    ok = [cell for cell in ran if cell.get("status") == "ok"]
+    if not ok:
+        return "failing cell"
+    gold = Fraction(sample.grade["gold"])
+    if any(stated_number(cell.get("stdout")) == gold for cell in ok):
+        return "right program, wrong answer"
+    return "wrong program"
+
+
+def run_harness(model: str, template: str, limit: int | None, args, work: Path, index: int) -> dict:
+    database_url = f"sqlite:///{work / 'evals.db'}"
+    run_id = f"gsm8k-{index}-{template}"
+    with served(model, work) as server:
+        command = [sys.executable, "-m", "rstar.cli", "eval", "run", "--suite", "gsm8k", "--endpoint", f"{server.base_url}/v1",
+                   "--template", template, "--data-dir", str(args.data_dir), "--concurrency", str(args.concurrency),
+                   "--run-id", run_id, "--database-url", database_url]
+        if limit:
+            command += ["--limit", str(limit)]
+        began = time.perf_counter()
+        subprocess.run(command, check=True, env={**os.environ, "RSTAR_DATA_DIR": str(work / "eval-data")})
+        wall = time.perf_counter() - began
+    with open_database(database_url)() as session:
+        samples = session.query(EvalSample).filter_by(run_id=run_id).order_by(EvalSample.id).all()
+    right = sum(s.score > 0 for s in samples)
+    uses_tool = template == "rstar"
+    result = {
+        "model": model, "template": template, "run_id": run_id, "problems": len(samples),
+        "accuracy": right / len(samples), "accuracy_95": wilson(right, len(samples)),
+        "tool_call_rate": sum(s.num_tool_calls > 0 for s in samples) / len(samples),
+        "mean_completion_tokens": statistics.fmean(s.completion_tokens for s in samples),
+        "truncated_rate": sum(bool(s.grade.get("truncated")) for s in samples) / len(samples),
+        "wall_s": wall, "startup_s": server.startup_s,
+        "scores": {s.doc_id: s.score for s in samples},
+    }
+    if uses_tool:
+        kinds = {s.doc_id: failure_kind(s) for s in samples}
+        result["misses_by_kind"] = {kind: sum(k == kind for k in kinds.values()) for kind in FAILURE_KINDS}
+        result["miss_examples"] = {
+            kind: [{"doc_id": s.doc_id, "gold": s.grade["gold"], "predicted": s.grade.get("predicted"),
+                    "code": [c.get("code") for c in cells_of(s)], "stdout": [c.get("stdout") for c in cells_of(s)]}
+                   for s in samples if kinds[s.doc_id] == kind][:EXAMPLES_PER_KIND]
+            for kind in FAILURE_KINDS
+        }
+    return result
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (scores, misses) = plt.subplots(1, 2, figsize=(9, 3.6))
+    labels = [f"{r['model']}\n({r['template']})" for r in results]
+    accuracy = [100 * r["accuracy"] for r in results]
+    errors = [[100 * (r["accuracy"] - r["accuracy_95"][0]) for r in results], [100 * (r["accuracy_95"][1] - r["accuracy"]) for r in results]]
+    bars = scores.bar(labels, accuracy, yerr=errors, capsize=4, color="#4c72b0")
+    scores.bar_label(bars, fmt="%.1f", fontsize=8)
+    scores.set_ylabel("GSM8K test accuracy, % (95% Wilson)")
+    scores.set_title(f"{results[0]['problems']} problems, temperature 0", fontsize=9)
+    tool_users = [r for r in results if "misses_by_kind" in r]
+    for r in tool_users:
+        misses.barh(FAILURE_KINDS, [r["misses_by_kind"][k] for k in FAILURE_KINDS], alpha=0.8, label=r["model"])
+    misses.set_xlabel("misses")
+    misses.set_title("why the tool-using model missed", fontsize=9)
+    if tool_users:
+        misses.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--limit", type=int, default=None, help="only the first N test problems (default: all 1,319)")
+    parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated MODEL[:TEMPLATE[:LIMIT]]: template rstar (default) or native, "
+                        "LIMIT this model's first N problems instead of --limit's (the paired difference counts the problems both answered)")
+    parser.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gsm8k_bench.json"))
+    args = parser.parse_args()
+    began, load_before = time.perf_counter(), os.getloadavg()
+    work = Path(tempfile.mkdtemp(prefix="gsm8k-bench-"))
+    results = []
+    for index, spec in enumerate(args.models.split(",")):
+        model, template, limit = (spec.strip().split(":") + ["", ""])[:3]
+        template = template or "rstar"
+        print(f"serving {model} ({template} template) ...", flush=True)
+        result = run_harness(model, template, int(limit) if limit else args.limit, args, work, index)
+        low, high = result["accuracy_95"]
+        print(f"{model}: accuracy {result['accuracy']:.1%} (95% {low:.1%}-{high:.1%}), tool call {result['tool_call_rate']:.1%}, "
+              f"{result['problems']} problems in {result['wall_s']:.0f} s", flush=True)
+        results.append(result)
+
+    pairs = []
+    for first in results:
+        for second in results:
+            if first is second or second["template"] != "rstar" or first["template"] == "rstar":
+                continue
+            shared = sorted(set(first["scores"]) & set(second["scores"]))
+            differences = [second["scores"][d] - first["scores"][d] for d in shared]
+            pairs.append({"better": second["model"], "than": first["model"], "problems": len(shared),
+                          "difference": statistics.fmean(differences), "difference_95": paired_bootstrap(differences)})
+    default = next((r for r in results if r["model"] == "default"), None)
+    goals = [] if default is None else [
+        goal("default: GSM8K test accuracy", round(default["accuracy"], 4), ">=", 0.10, "share"),
+        goal("default: tool-call rate", round(default["tool_call_rate"], 4), ">=", 0.95, "share"),
+    ]
+    report = {**run_header("gsm8k_bench", began, load_before, quick=False),
+              "settings": {"limit": args.limit, "concurrency": args.concurrency, "suite_defaults": "temperature 0, 1 sample, 5 turns, 2048 tokens"},
+              "results": results, "paired": pairs, "goals": goals}
+    write_report(args.out, report)
+    plot(results, args.out.with_suffix(".png"))
+    print(f"wrote {args.out.with_suffix('.png')}")
+    shutil.rmtree(work)  # the servers' logs and the harness's database; kept when a run fails
+
+
+if __name__ == "__main__":
+    main()
