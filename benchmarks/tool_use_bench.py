@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,12 +46,15 @@ MAX_TURNS = 3
 def heldout_problems(path: Path | None, count: int) -> tuple[list[dict], str]:
     """The held-out rows: from a file, or generated with the product's own command (seed 0)."""
     if path is None:
-        work = Path(tempfile.mkdtemp(prefix="tool-use-bench-"))
-        subprocess.run([sys.executable, "-m", "rstar.cli", "rl", "make-sft-data", "--out", str(work), "--train", "1", "--heldout", str(count), "--rl", "1"],
-                       check=True, capture_output=True)
-        path = work / "heldout.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return rows[:count], str(path)
+        with tempfile.TemporaryDirectory(prefix="tool-use-bench-") as work:
+            subprocess.run([sys.executable, "-m", "rstar.cli", "rl", "make-sft-data", "--out", work, "--train", "1", "--heldout", str(count), "--rl", "1"],
+                           check=True, capture_output=True)
+            text = (Path(work) / "heldout.jsonl").read_text()
+        source = "rstar rl make-sft-data --seed 0"
+    else:
+        text, source = path.read_text(), str(path)
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return rows[:count], source
 
 
 async def ask(client: httpx.AsyncClient, problem: dict, gate: asyncio.Semaphore) -> dict:
@@ -169,6 +173,7 @@ def main() -> None:
     write_report(args.out, output)
     plot(results, args.out.with_suffix(".png"))
     print(f"wrote {args.out.with_suffix('.png')}")
+    shutil.rmtree(log_dir)  # the servers' logs and data; kept when a run fails
 
 
 if __name__ == "__main__":
