@@ -1,0 +1,46 @@
+"""gsm8k_bench's statistics and its sorting of misses, on hand-made samples."""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from gsm8k_bench import failure_kind, paired_bootstrap, wilson  # noqa: E402
+
+
+def sample(score: float, cells: list[dict], gold: str = "18") -> SimpleNamespace:
+    message = {"content": "", "code_cells": cells}
+    return SimpleNamespace(score=score, grade={"gold": gold}, trajectory={"response": {"choices": [{"message": message}]}})
+
+
+def test_wilson_bounds_a_zero_score_above_zero_and_holds_the_rate():
+    low, high = wilson(0, 300)
+    assert low == 0.0 and 0.01 < high < 0.015  # 0 of 300 still allows about 1.3%
+    low, high = wilson(30, 1319)
+    assert low < 30 / 1319 < high and high - low < 0.02
+
+
+def test_the_paired_interval_holds_the_mean_and_excludes_zero_only_when_the_data_do():
+    assert paired_bootstrap([0.0] * 100) == (0.0, 0.0)
+    low, high = paired_bootstrap([1.0] * 6 + [0.0] * 294)
+    assert 0 < low < 6 / 300 < high
+    low, high = paired_bootstrap([1.0, -1.0] * 50)
+    assert low < 0 < high
+
+
+@pytest.mark.parametrize("cells, kind", [
+    ([], "no call"),
+    ([{"status": "invalid_input", "code": "x = ("}], "no call"),
+    ([{"status": "error", "stdout": ""}], "failing cell"),
+    ([{"status": "ok", "stdout": "180\n"}], "wrong program"),
+    ([{"status": "error", "stdout": ""}, {"status": "ok", "stdout": "18.0\n"}], "right program, wrong answer"),
+])
+def test_a_miss_is_sorted_by_what_its_cells_did(cells, kind):
+    assert failure_kind(sample(0.0, cells)) == kind
+
+
+def test_a_right_answer_is_no_miss():
+    assert failure_kind(sample(1.0, [{"status": "ok", "stdout": "18\n"}])) is None
