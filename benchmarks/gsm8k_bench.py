@@ -170,14 +170,12 @@ def main() -> None:
               f"{result['problems']} problems in {result['wall_s']:.0f} s", flush=True)
         results.append(result)
 
-    pairs = []
-    for first in results:
-        for second in results:
-            if first is second or second["template"] != "rstar" or first["template"] == "rstar":
-                continue
-            shared = sorted(set(first["scores"]) & set(second["scores"]))
-            differences = [second["scores"][d] - first["scores"][d] for d in shared]
-            pairs.append({"better": second["model"], "than": first["model"], "problems": len(shared),
+    pairs = []  # each tool-using model against each model on its native template, on the problems both answered
+    for tooled in (r for r in results if r["template"] == "rstar"):
+        for native in (r for r in results if r["template"] != "rstar"):
+            shared = sorted(set(native["scores"]) & set(tooled["scores"]))
+            differences = [tooled["scores"][d] - native["scores"][d] for d in shared]
+            pairs.append({"better": tooled["model"], "than": native["model"], "problems": len(shared),
                           "difference": statistics.fmean(differences), "difference_95": paired_bootstrap(differences)})
     default = next((r for r in results if r["model"] == "default"), None)
     goals = [] if default is None else [

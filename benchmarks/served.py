@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -13,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.processes import free_port, wait_until_serving
+from tests.processes import free_port, start_logged
 
 
 @dataclass(frozen=True)
@@ -28,10 +27,9 @@ def served(model: str, work_dir: Path, timeout_s: float = 900) -> Iterator[Serve
     log_path = work_dir / f"serve-{re.sub(r'[^A-Za-z0-9_.-]', '_', Path(model).name)}-{port}.log"
     env = {**os.environ, "RSTAR_DATA_DIR": str(work_dir / "data"), "RSTAR_PORT": str(port)}
     started = time.perf_counter()
-    with open(log_path, "w") as log:
-        server = subprocess.Popen([sys.executable, "-m", "rstar.cli", "serve", "--model", model, "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = start_logged([sys.executable, "-m", "rstar.cli", "serve", "--model", model, "--port", str(port)], env, log_path,
+                          f"http://127.0.0.1:{port}/health", timeout_s)
     try:
-        wait_until_serving(server, f"http://127.0.0.1:{port}/health", log_path, timeout_s=timeout_s)
         yield Served(f"http://127.0.0.1:{port}", time.perf_counter() - started)
     finally:
         server.terminate()

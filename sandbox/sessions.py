@@ -41,6 +41,9 @@ class SessionTable:
     def reserve_index(self) -> int | None:
         return self.free_indices.pop(0) if self.free_indices else None
 
+    def release_index(self, index: int) -> None:
+        self.free_indices.append(index)
+
     def add(self, session_id: str, index: int, child: Child, now: float) -> Session:
         session = Session(index, child, now)
         self.by_id[session_id] = session
@@ -49,7 +52,7 @@ class SessionTable:
     def remove(self, session_id: str | None) -> Session | None:
         session = self.by_id.pop(session_id, None) if session_id else None
         if session is not None:
-            self.free_indices.append(session.index)
+            self.release_index(session.index)
         return session
 
     def jobs(self) -> list[Job]:

@@ -293,7 +293,7 @@ class Zygote:
                 # Before the fork: the child enters the directory as soon as it has dropped to its uid.
                 own_container(container.data_dir, uid)
             except OSError:
-                self.sessions.free_indices.append(index)
+                self.sessions.release_index(index)
                 raise
         child = self.spawn(uid, f"{self.cfg['scratch_root']}/session{index}", True, int(self.cfg["session_cpu_s"]), container)
         return self.sessions.add(session_id, index, child, time.monotonic())

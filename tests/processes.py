@@ -65,14 +65,14 @@ def wait_until_serving(process: subprocess.Popen, url: str, log_path: Path, time
         time.sleep(0.5)
 
 
-def start_logged(command: list[str], env: dict, log_path: Path, url: str) -> subprocess.Popen:
+def start_logged(command: list[str], env: dict, log_path: Path, url: str, timeout_s: float = 300) -> subprocess.Popen:
     """Start a CLI server as a user would, its output in `log_path`, and wait until `url` answers."""
     log = open(log_path, "w")
     # Ctrl-C as a terminal delivers it: a test run started in the background of a non-interactive shell
     # inherits SIGINT ignored, and Python keeps it ignored, so the server could not stop the way users stop it.
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     log.close()  # the child holds its own copy
-    wait_until_serving(process, url, log_path, timeout_s=300)
+    wait_until_serving(process, url, log_path, timeout_s=timeout_s)
     return process
 
 
