@@ -67,7 +67,7 @@ class GRPOConfig(ToolSettings):
         None, gt=0, description="Truncated importance weights min(pi_old / pi_rollout, cap) on every token, for the engine/trainer mismatch; off as released."
     )
     # --- optimizer
-    learning_rate: float = Field(1e-6, ge=0, description="AdamW learning rate, constant after warm-up (lr=1e-6); 0 makes a control run that rolls out and scores exactly alike but never changes the weights.")
+    learning_rate: float = Field(1e-6, ge=0, description="AdamW learning rate, constant after warm-up (lr=1e-6); 0 makes a control run: the same problems and sampling seeds, and weights that never change.")
     warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps (lr_warmup_steps=20).")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (verl default 0.01).")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas (verl default).")

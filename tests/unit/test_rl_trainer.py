@@ -75,6 +75,18 @@ def test_equal_rewards_give_zero_advantage_and_no_change(tiny_model_dir):
     assert all(torch.equal(before[n], p) for n, p in policy.model.named_parameters())
 
 
+def test_the_zero_learning_rate_control_never_changes_a_weight(tiny_model_dir):
+    # The recipe bench evaluates the start model as the control on this ground: with a learning signal,
+    # weight decay on and several steps, AdamW at lr 0 leaves every weight bit-identical.
+    control = config(learning_rate=0.0, weight_decay=0.1, warmup_steps=2)
+    policy = Policy(tiny_model_dir, "float32")
+    trainer = GRPOTrainer(policy, control)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    stats = [trainer.update(signal_trees(), control) for _ in range(3)]
+    assert all(s["grad_norm"] > 0 for s in stats)  # there was something to learn
+    assert all(torch.equal(before[n], p) for n, p in policy.model.named_parameters())
+
+
 @pytest.mark.parametrize("overrides", [{"old_logprobs": "rollout"}, {"tis_cap": 2.0}])
 def test_rollout_logprobs_as_old_policy_and_truncated_is_weights_still_learn(tiny_model_dir, overrides):
     policy = Policy(tiny_model_dir, "float32")
