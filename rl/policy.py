@@ -93,17 +93,46 @@ class Policy:
         return self.forward_module(batch, temperature)
 
     @torch.no_grad()
-    def no_grad_logprobs(self, batch: ForwardBatch, temperature: float = 1.0) -> torch.Tensor:
+    def no_grad_logprobs(self, batch: ForwardBatch, temperature: float = 1.0, weights_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """weights_dtype: the weight-sync probe's reference, the weights as a sync in that dtype sends them (each
+        rounded to it), computed in fp32. Rounding noise on this side would pull the probe's slope toward 0 (the
+        engine's change is regressed on this one), so the reference computes exactly and the noise stays the engine's."""
         self.model.eval()  # no LoRA dropout: the probe compares these with the engine's, which has none
         try:
-            logprobs = self.logprobs(batch, temperature)
+            with self.weights_rounded_to(weights_dtype):
+                if weights_dtype is not None:
+                    self.forward_module.autocast = contextlib.nullcontext
+                logprobs = self.logprobs(batch, temperature)
+                if self.sharded:
+                    # FSDP2 keeps the root's weights gathered after its forward, for the backward that usually follows; none
+                    # follows this one, and until resharded the module's parameters are not the optimizer's (sharded) ones.
+                    self.forward_module.reshard()
         finally:
+            self.forward_module.autocast = self.autocast
             self.model.train()
-        if self.sharded:
-            # FSDP2 keeps the root's weights gathered after its forward, for the backward that usually follows; none
-            # follows this one, and until resharded the module's parameters are not the optimizer's (sharded) ones.
-            self.forward_module.reshard()
         return logprobs
+
+    @contextlib.contextmanager
+    def weights_rounded_to(self, dtype: torch.dtype | None):
+        """Every parameter holds its value rounded to `dtype` inside the block, its fp32 master value after it.
+
+        An update smaller than half a bf16 step leaves a weight's bf16 copy unchanged, and the weights the base
+        model stored in bf16 (those no adapter touched: embeddings, norms) start exactly on bf16 values, so what a
+        bf16 engine receives can move less than the fp32 masters do. The weights a sync sends are the rounded ones.
+        """
+        if dtype is None or dtype == torch.float32:
+            yield
+            return
+        masters = [(parameter, parameter.detach().clone()) for parameter in self.model.parameters()]
+        try:
+            with torch.no_grad():
+                for parameter, master in masters:
+                    parameter.copy_(master.to(dtype))
+            yield
+        finally:
+            with torch.no_grad():
+                for parameter, master in masters:
+                    parameter.copy_(master)
 
     def merged_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full model's weights under the base model's names (adapters merged in, fp32, detached).

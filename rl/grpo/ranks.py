@@ -195,9 +195,9 @@ class LeaderPolicy:
         self.tell("gather")
         yield from self.inner.merged_state_dict()
 
-    def no_grad_logprobs(self, batch, temperature: float = 1.0) -> torch.Tensor:
-        self.tell("logprobs", batch, temperature)
-        return self.inner.no_grad_logprobs(batch, temperature)
+    def no_grad_logprobs(self, batch, temperature: float = 1.0, weights_dtype: torch.dtype | None = None) -> torch.Tensor:
+        self.tell("logprobs", batch, temperature, weights_dtype)
+        return self.inner.no_grad_logprobs(batch, temperature, weights_dtype)
 
     def save_pretrained(self, out_dir: Path) -> None:
         self.tell("gather")  # save_pretrained gathers the weights once

@@ -261,6 +261,7 @@ async def run_step(
         "probe_gap": report.probe_gap,
         "probe_change": report.probe_change,
         "probe_followed": report.probe_followed,
+        "probe_followed_error": report.probe_followed_error,
         "probe_replicas": report.probe_replicas,
         "sync_write_s": report.write_s,
         "sync_reload_s": report.reload_s,

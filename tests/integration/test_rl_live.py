@@ -27,7 +27,7 @@ from rstar.rl.grpo.recipe import parse_recipe
 from rstar.rl.grpo.rollout import RolloutEnv
 from rstar.rl.grpo.sharded_checkpoint import SHARDED_DIR
 from rstar.rl.grpo.train import RunSpec, train_grpo
-from rstar.rl.grpo.weight_sync import MIN_FOLLOWED, WeightSyncFailed
+from rstar.rl.grpo.weight_sync import WeightSyncFailed, kept_stale
 from rstar.rl.runs import RunStore
 from rstar.sandbox.clients import LocalClient
 from rstar.sandbox.settings import SandboxSettings
@@ -94,7 +94,7 @@ def test_two_grpo_steps_train_the_weights_the_engine_then_serves(engine, loop_th
         assert step["probe_gap"] < 0.15  # the engine's logprobs match the trainer's new weights
         assert step["train_tokens"] > 0 and step["grad_norm"] > 0
         # Where the probe could compare with the last sync, the engine moved with the trainer.
-        assert step["probe_followed"] is None or step["probe_followed"] >= MIN_FOLLOWED, step
+        assert step["probe_followed"] is None or not kept_stale(step["probe_followed"], step["probe_followed_error"]), step
     resynced = version > 0  # an engine an earlier test retrained is first given the run's start weights
     assert engine.weight_version == version + resynced + len(trained)
     assert run["steps"][-1]["tool_call_rate"] > 0  # the tuned default model calls its tool

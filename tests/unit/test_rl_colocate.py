@@ -78,7 +78,8 @@ class Sync:
     async def sync(self):
         await self.engine.reload_weights(self.weights_dir)  # a scripted engine refuses a reload while asleep
         self.events.append("sync")
-        return SimpleNamespace(weight_version=self.engine.weight_version, probe_gap=0.0, probe_change=None, probe_followed=None, probe_replicas=1,
+        return SimpleNamespace(weight_version=self.engine.weight_version, probe_gap=0.0, probe_change=None, probe_followed=None, probe_followed_error=None,
+                               probe_replicas=1,
                                write_s=0.0, reload_s=0.0, seconds=0.0)
 
 

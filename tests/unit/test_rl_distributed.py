@@ -104,7 +104,12 @@ def test_two_ranks_update_the_weights_one_rank_does(tiny_model_dir):
         two_weights.append(ranks.full_state_dict())
         # What the weight sync's probe reads on rank 0, the other rank taking its part.
         probe_two = ranks.policy.no_grad_logprobs(probe)
+        # And as a bf16 engine receives the weights: each rank rounds its shard, and keeps its fp32 masters.
+        rounded_two = ranks.policy.no_grad_logprobs(probe, 1.0, torch.bfloat16)
+        assert torch.equal(ranks.policy.no_grad_logprobs(probe), probe_two)
     assert torch.allclose(probe_two, single.policy.no_grad_logprobs(probe), atol=1e-5)
+    rounded_one = single.policy.no_grad_logprobs(probe, 1.0, torch.bfloat16)
+    assert torch.allclose(rounded_two, rounded_one, atol=1e-5) and not torch.allclose(rounded_one, probe_two, atol=1e-5)
 
     assert one[0]["grad_norm"] > 10 * config.grad_clip  # the clip binds
     assert max((one_weights[0][n] - start[n]).abs().max().item() for n in start) > 1e-4  # the update is far above the tolerance

@@ -75,6 +75,24 @@ def test_equal_rewards_give_zero_advantage_and_no_change(tiny_model_dir):
     assert all(torch.equal(before[n], p) for n, p in policy.model.named_parameters())
 
 
+def test_the_probe_computes_with_the_weights_a_bf16_sync_sends_and_keeps_the_fp32_masters(tiny_model_dir):
+    policy = Policy(tiny_model_dir, "float32")
+    parameters = list(policy.model.parameters())
+    with torch.no_grad():
+        for parameter in parameters:  # on bf16 values, as the weights a base model stored in bf16 start
+            parameter.copy_(parameter.to(torch.bfloat16))
+    (batch,) = pack([Tree(PROMPT, [Branch([20, 21, 22], [1, 1, 1])])], 1000)
+    before = policy.no_grad_logprobs(batch), policy.no_grad_logprobs(batch, 1.0, torch.bfloat16)
+    with torch.no_grad():
+        for parameter in parameters:  # a relative step of 1e-4, far under half a bf16 step (2^-9)
+            parameter.add_(parameter.abs() * 1e-4)
+    masters = [parameter.detach().clone() for parameter in parameters]
+    after = policy.no_grad_logprobs(batch), policy.no_grad_logprobs(batch, 1.0, torch.bfloat16)
+    assert not torch.equal(after[0], before[0])  # the fp32 masters moved
+    assert torch.equal(after[1], before[1])  # what a bf16 engine receives did not: its probe must not expect a move
+    assert all(torch.equal(parameter, master) for parameter, master in zip(parameters, masters))
+
+
 def test_the_zero_learning_rate_control_never_changes_a_weight(tiny_model_dir):
     # The recipe bench evaluates the start model as the control on this ground: with a learning signal,
     # weight decay on and several steps, AdamW at lr 0 leaves every weight bit-identical.

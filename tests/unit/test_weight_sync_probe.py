@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rstar.rl.grpo.weight_sync import MIN_TRAINER_CHANGE, ProbeReading, WeightSync, WeightSyncFailed, followed
+from rstar.rl.grpo.weight_sync import MIN_TRAINER_CHANGE, ProbeReading, WeightSync, WeightSyncFailed, followed, kept_stale
 
 PROBE = list(range(1, 9))  # token ids; the logprobs are of tokens 2..8
 BASE = torch.tensor([-1.0, -2.0, -0.5, -3.0, -1.5, -0.2, -2.5])
@@ -22,13 +22,27 @@ def test_followed_is_the_slope_of_the_engines_change_on_the_trainers():
     step = torch.tensor([0.1, -0.2, 0.05, 0.3, -0.1, 0.0, 0.2])
     before = ProbeReading(BASE + NOISE, BASE)
     moved = ProbeReading(BASE + step + NOISE, BASE + step)
-    assert followed(before, moved) == (pytest.approx(step.abs().mean().item()), pytest.approx(1.0))
+    assert followed(before, moved) == (pytest.approx(step.abs().mean().item()), pytest.approx(1.0), pytest.approx(0.0, abs=1e-6))
     stale = ProbeReading(BASE + NOISE, BASE + step)
-    assert followed(before, stale)[1] == pytest.approx(0.0)
+    assert followed(before, stale)[1:] == (pytest.approx(0.0), pytest.approx(0.0))
     halfway = ProbeReading(BASE + step / 2 + NOISE, BASE + step)
     assert followed(before, halfway)[1] == pytest.approx(0.5)
     tiny = ProbeReading(BASE + NOISE, BASE + MIN_TRAINER_CHANGE / 2)
-    assert followed(before, tiny)[1] is None  # too small a step to tell: only the gap is checked
+    assert followed(before, tiny)[1:] == (None, None)  # too small a step to tell: only the gap is checked
+
+
+def test_a_slope_under_the_bound_fails_only_when_the_engines_noise_cannot_explain_it():
+    step = 0.02 * torch.tensor([1.0, -1.0, 0.5, 1.0, -0.5, 0.2, 1.0])
+    before = ProbeReading(BASE + NOISE, BASE)
+    # A bf16 engine that reloaded: its rounding noise changes with the weights, by as much as the step itself.
+    renoised = ProbeReading(BASE + step + NOISE.roll(1), BASE + step)
+    _, slope, error = followed(before, renoised)
+    assert slope < 0.5 and error > 1 and not kept_stale(slope, error)  # a scattered slope says nothing
+    # A stale engine repeats its logprobs exactly: slope 0, no scatter, stale however small the step.
+    assert kept_stale(*followed(before, ProbeReading(BASE + NOISE, BASE + step))[1:])
+    # Part of the way with little scatter is measurably stale too (a replica that loaded some tensors only).
+    assert kept_stale(*followed(before, ProbeReading(BASE + 0.3 * step + NOISE + 0.001 * NOISE.flip(0), BASE + step))[1:])
+    assert not kept_stale(None, None)
 
 
 class Engine:
@@ -59,7 +73,8 @@ class Policy:
     def merged_state_dict(self):
         yield "w", torch.zeros(2)
 
-    def no_grad_logprobs(self, row) -> torch.Tensor:
+    def no_grad_logprobs(self, row, temperature: float = 1.0, weights_dtype: torch.dtype | None = None) -> torch.Tensor:
+        assert weights_dtype == torch.bfloat16  # the trainer's side computes with the weights as the sync sent them
         return self.current.clone()
 
 
@@ -94,7 +109,7 @@ def test_syncs_that_reload_pass_and_report_the_engine_followed():
 
 
 def test_a_reload_that_keeps_stale_weights_stops_the_run_naming_the_probe():
-    with pytest.raises(WeightSyncFailed, match=r"weight-sync probe: after loading weight version 3, the engine's logprobs moved 0\.00 of the way") as failure:
+    with pytest.raises(WeightSyncFailed, match=r"weight-sync probe: after loading weight version 3, the engine's logprobs moved 0\.00 ± 0\.00 of the way") as failure:
         syncs([0.02, 0.02], skip_from=1)
     assert "stale weights" in str(failure.value)
     # The gap alone would not have caught it: with stale weights it is still under the bf16 tolerance.
@@ -105,5 +120,5 @@ def test_a_reload_that_keeps_stale_weights_stops_the_run_naming_the_probe():
 def test_every_replica_is_probed_and_one_left_on_stale_weights_is_named():
     reports = syncs([0.02, 0.01], replicas=2)
     assert [r.probe_replicas for r in reports] == [2, 2, 2] and reports[2].probe_followed == pytest.approx(1.0)
-    with pytest.raises(WeightSyncFailed, match=r"after loading weight version 3, engine replica 1's logprobs moved 0\.00 of the way .* engine replica 1 kept stale weights"):
+    with pytest.raises(WeightSyncFailed, match=r"after loading weight version 3, engine replica 1's logprobs moved 0\.00 ± 0\.00 of the way .* engine replica 1 kept stale weights"):
         syncs([0.02, 0.02], skip_from=1, replicas=2, stale_replica=1)
