@@ -100,13 +100,14 @@ def engine_lora_rank(lora_rank: int) -> int:
     return next(r for r in ENGINE_LORA_RANKS if r >= lora_rank) if lora_rank else 0
 
 
-PROBE_PROMPT_TOKENS = 48
+PROBE_PROMPT_TOKENS = 192
 
 
 def probe_ids(env: RolloutEnv, problem: Problem) -> list[int]:
     """A fixed sequence for the weight-sync probe: the end of a rendered problem and a short tool-using
-    answer. Short on purpose: every token's logprob is compared, and stale weights show on any of them,
-    while the engine pays a full-vocabulary logprob per prompt token (the whole 450-token prompt took 0.8 s)."""
+    answer. Long enough that a bf16 engine's scatter leaves the slope check sure (with 48 prompt tokens its
+    slopes spread 0.55-1.32 about a mean of 0.98), short because the engine pays a full-vocabulary logprob
+    per prompt token (the whole 450-token prompt took 0.8 s)."""
     prompt = env.template.encode(prompt_messages(problem), TOOLS)[-PROBE_PROMPT_TOKENS:]
     answer = env.template.encode_text("I will compute this with Python, then check the result.\n</reason>\n<answer>\n\\boxed{42}\n</answer>")
     return prompt + answer

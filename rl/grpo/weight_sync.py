@@ -66,7 +66,7 @@ class WeightSyncFailed(RuntimeError):
 
 # The engine must move at least this share of the way the trainer's probe logprobs moved since the last sync,
 # unless its noise leaves a slope of 1 within FOLLOWED_ERRORS standard errors (then the probe cannot tell).
-MIN_FOLLOWED = 0.5
+MIN_FOLLOWED = 0.25
 FOLLOWED_ERRORS = 4.0
 # Mean |change| of the trainer's probe logprobs below which a step is too small to check the engine followed it.
 MIN_TRAINER_CHANGE = 1e-3
