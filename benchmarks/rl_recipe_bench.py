@@ -232,12 +232,12 @@ def main() -> None:
     goals = []
     if "roc" in summaries and "difference_to_control" in summaries["roc"]:
         difference = summaries["roc"]["difference_to_control"]
-        goals.append(goal("held-out accuracy, RoC - control, lower end of the paired 95% interval", difference["ci95"][0], ">", 0.0, "points"))
+        goals.append(goal("held-out accuracy, RoC - control, lower end of the paired 95% interval", difference["ci95"][0], ">=", 0.01, "points"))  # above 0, at the figure's precision
         goals.append(goal("held-out accuracy, RoC - control, mean", difference["mean"], ">=", 5.0, "points"))
     if {"roc", "plain"} <= summaries.keys():
         roc, plain = (summaries[a].get("tool_error_rate_positive_last_steps") for a in ("roc", "plain"))
         if roc is not None and plain is not None:
-            goals.append(goal(f"tool-error rate among all positive rollouts, last {LAST_STEPS} steps, RoC - plain", round(100 * (roc - plain), 2), "<", 0.0, "points"))
+            goals.append(goal(f"tool-error rate among all positive rollouts, last {LAST_STEPS} steps, RoC - plain", round(100 * (roc - plain), 2), "<=", -0.01, "points"))  # below 0
     if "roc" in summaries and summaries["roc"].get("train_minutes"):
         # Issue 10's goal is for the whole recipe: each RoC run's clock plus its mean step time for the steps it skipped.
         projected = [r["train_s"] / 60 + (RECIPE_STEPS - len(r["steps"])) * np.mean([s["step_s"] for s in r["steps"]]) / 60 for r in runs["roc"]]
