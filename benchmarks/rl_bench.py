@@ -274,6 +274,7 @@ async def run(args, quick: bool) -> dict:
     from rstar.rl.grpo.config import GRPOConfig
     from rstar.rl.data import Problem
     from rstar.rl.policy import Policy, model_identity, resolve_compute_dtype
+    from rstar.rl.memory import release_freed_memory
     from rstar.rl.grpo.colocate import EngineSleep
     from rstar.rl.grpo.rollout import RolloutEnv
     from rstar.rl.grpo.train import probe_ids, probe_tolerance, run_step
@@ -409,16 +410,6 @@ async def run(args, quick: bool) -> dict:
             trl.close(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
     return result
-
-
-def release_freed_memory() -> None:
-    """Hand memory that Python and torch freed back to the OS (glibc keeps it in per-thread arenas otherwise)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def summarize(result: dict) -> dict:

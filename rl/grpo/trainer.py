@@ -22,6 +22,7 @@ from rstar.rl.grpo.distributed import World, clip_grad_norm
 from rstar.rl.grpo.loss import group_advantages, policy_loss, token_mean, truncated_is_weights
 from rstar.rl.grpo.sharded_checkpoint import has_sharded_state, load_sharded_state, save_sharded_state
 from rstar.rl.grpo.samples import Sample
+from rstar.rl.memory import release_freed_memory
 from rstar.rl.packing import Branch, ForwardBatch, Tree, pack
 from rstar.rl.policy import Policy
 
@@ -152,6 +153,7 @@ class GRPOTrainer:
         self.scheduler.step()
         summed = world.sum([*totals.values(), len(rows), sum(row.num_tokens for row in rows)])
         totals = dict(zip(totals, summed))
+        release_freed_memory()  # the engine generates next, beside this process
         return {
             **totals,
             "grad_norm": max(grad_norms),

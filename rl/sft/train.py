@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rstar.rl.checkpoint import TrainerState, latest_checkpoint, prune_checkpoints, read_optimizer_state, read_state, write_checkpoint
 from rstar.rl.packing import Branch, Tree, common_prefix_length, pack
+from rstar.rl.memory import release_freed_memory
 from rstar.rl.plots import plot_run
 from rstar.rl.policy import LoraSpec, Policy, model_identity, resolve_compute_dtype
 from rstar.rl.runs import RunStore
@@ -110,6 +111,7 @@ class SFTTrainer:
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
+        release_freed_memory()
         return {"loss": loss_total, "grad_norm": grad_norm, "lr": lr, "train_tokens": tokens, "packed_tokens": sum(r.num_tokens for r in rows), "train_s": time.perf_counter() - started}
 
     def optimizer_state(self) -> dict:
