@@ -11,6 +11,7 @@ from rstar.ui.chat import CHAT_CLASS, RENDER_INTERVAL_S, build_chat_tab
 from rstar.ui.client import ApiClient, ApiError
 from rstar.ui.evals import build_evals_tab
 from rstar.ui.render import CELL_CLASS, NOTE_CLASS
+from rstar.ui.scratch import DOWNLOAD_MAX_AGE_S, Scratch
 from rstar.ui.training import build_training_tab
 
 UI_PATH = "/ui"
@@ -50,11 +51,15 @@ IDLE_QUEUE_POLL_S = 0.05
 
 def build_ui(endpoint: str, api_key: str | None = None, render_floor_s: float = RENDER_INTERVAL_S) -> gr.Blocks:
     client = ApiClient(endpoint, api_key)
-    with gr.Blocks(title="rStar2-Agent", analytics_enabled=False) as demo:
+    scratch = Scratch()
+    # Gradio copies every file it serves into its cache and keeps them until the process ends unless told:
+    # each hour it drops those older than the downloads' own limit.
+    cache_age = int(DOWNLOAD_MAX_AGE_S)
+    with gr.Blocks(title="rStar2-Agent", analytics_enabled=False, delete_cache=(cache_age, cache_age)) as demo:
         gr.Markdown("## rStar2-Agent: a reasoning model that writes and runs Python")
         status = gr.Markdown(elem_id="server-status")
         with gr.Tab("Chat", elem_id="tab-chat"):
-            build_chat_tab(client, demo, render_floor_s)
+            build_chat_tab(client, demo, scratch, render_floor_s)
         with gr.Tab("Evaluations", elem_id="tab-evals"):
             build_evals_tab(client, demo)
         with gr.Tab("Training", elem_id="tab-training"):

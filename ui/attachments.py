@@ -4,7 +4,7 @@ page to offer as downloads. All of it through the UI's API client: the API key s
 
 from __future__ import annotations
 
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from rstar.ui.client import ApiClient
@@ -41,16 +41,16 @@ async def file_sizes(client: ApiClient, container_id: str) -> dict[str, int]:
     return {f["id"]: f["bytes"] for f in await client.container_files(container_id)}
 
 
-async def fetch_written(client: ApiClient, container_id: str, before: dict[str, int]) -> list[Path]:
+async def fetch_written(client: ApiClient, container_id: str, before: dict[str, int], directory: Callable[[], Path]) -> list[Path]:
     """The files the code wrote into the container since `before` (new ones, and ones whose size changed),
-    downloaded into a fresh temporary directory under their own names, for the page to serve."""
+    downloaded under their own names into `directory()` (called only when there are some), for the page to serve."""
     written = [f for f in await client.container_files(container_id) if f["source"] == "assistant" and before.get(f["id"]) != f["bytes"]]
     if not written:
         return []
-    directory = Path(tempfile.mkdtemp(prefix="rstar-ui-files-"))
+    into = directory()
     fetched = []
     for record in written:
-        target = directory / Path(record["path"]).name
+        target = into / Path(record["path"]).name
         target.write_bytes(await client.container_file_content(container_id, record["id"]))
         fetched.append(target)
     return fetched

@@ -13,7 +13,6 @@ import contextlib
 import itertools
 import json
 import logging
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
@@ -24,6 +23,7 @@ import gradio as gr
 from rstar.ui.attachments import attach, attachment_note, fetch_written, file_sizes, live_container
 from rstar.ui.client import ApiClient, ApiError, StreamEvent
 from rstar.ui.render import AssistantTurn, conversation_messages, download_messages, turn_messages
+from rstar.ui.scratch import Scratch
 
 log = logging.getLogger("rstar.ui")
 
@@ -219,7 +219,7 @@ def conversation_choices(conversations: list[dict[str, Any]]) -> list[tuple[str,
     return [(f"{(c.get('title') or '(untitled)')[:60]} · {when(c['created_at'])}", c["id"]) for c in conversations]
 
 
-def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = RENDER_INTERVAL_S) -> None:
+def build_chat_tab(client: ApiClient, demo: gr.Blocks, scratch: Scratch, render_floor_s: float = RENDER_INTERVAL_S) -> None:
     """Lay out the tab inside the current Blocks context and wire its events (and `demo`'s page load).
 
     An answer updates the page at most once per `render_interval_s(turn, render_floor_s)` (0: every event)."""
@@ -323,7 +323,7 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
             if not stop.is_set():
                 progress["conversation_id"] = stored_as or progress["conversation_id"]
             if container_id:
-                downloads = await fetch_written(client, container_id, before)
+                downloads = await fetch_written(client, container_id, before, scratch.new_dir)
         except ApiError as exc:
             turn.error = str(exc)
         except Exception as exc:  # the page gets one line; the log keeps the traceback
@@ -380,9 +380,9 @@ def build_chat_tab(client: ApiClient, demo: gr.Blocks, render_floor_s: float = R
             return gr.update(visible=False), notice("Nothing to export yet.")
         record = {"conversation_id": state["conversation_id"], "model": model, "messages": state["messages"]}
         name = state["conversation_id"] or "conversation"
-        with tempfile.NamedTemporaryFile("w", prefix=f"rstar-{name}-", suffix=".json", delete=False, encoding="utf-8") as out:
-            json.dump(record, out, indent=2, ensure_ascii=False)
-        return gr.update(value=out.name, visible=True), ""
+        path = scratch.new_dir() / f"rstar-{name}.json"
+        path.write_text(json.dumps(record, indent=2, ensure_ascii=False), encoding="utf-8")
+        return gr.update(value=str(path), visible=True), ""
 
     settings = [model, temperature, max_tokens, max_turns, tools, system, prefix]
     outputs = [chatbot, state, box, alert, answer_state, attachments]
