@@ -3,7 +3,8 @@ session engine and a second engine of the default model, each behind tests/local
 both serve the new weight version and pass their own probe, and one replica left on stale weights stops the
 sync naming it. The router sends rollouts to every replica already (test_replicas); this is the half after.
 The second engine serves LoRA adapters too, so the LoRA sync is shown on it as well: the adapter the trainer
-saved, loaded by vLLM, passes the fp32 probe, and an engine that keeps its old adapter is stopped."""
+saved, loaded by vLLM, passes the fp32 probe, and an engine that keeps its old adapter is stopped. The second
+engine runs fp32 on every machine kind, which is where a repeated RL step repeats its samples: shown on it too."""
 
 from __future__ import annotations
 
@@ -14,10 +15,15 @@ import pytest
 import torch
 
 from rstar.config import EngineSettings
+from rstar.rl.data import Problem
 from rstar.rl.grpo.config import GRPOConfig
+from rstar.rl.grpo.rollout import RolloutEnv, generate
 from rstar.rl.grpo.train import probe_tolerance
 from rstar.rl.grpo.weight_sync import WeightSync, WeightSyncFailed, kept_stale
 from rstar.rl.policy import Policy
+from rstar.sandbox.clients import LocalClient
+from rstar.sandbox.settings import SandboxSettings
+from rstar.server.chat_template import rstar_template
 from rstar.server.engine import VllmEngine
 from rstar.server.replicas import ReplicatedEngine
 from rstar.server.routing import Router
@@ -49,7 +55,7 @@ class FaultyReplica(SharedReplica):
 @pytest.fixture(scope="module")
 def second_engine(loop_thread, default_model_dir):
     # Small: a window and KV cache enough for the probe, so two engines and a trainer fit beside the tests' others.
-    settings = EngineSettings(max_model_len=2048, max_num_seqs=4, enforce_eager=True, cpu_kv_cache_gib=1, max_lora_rank=LORA.lora_rank)
+    settings = EngineSettings(dtype="float32", max_model_len=2048, max_num_seqs=4, enforce_eager=True, cpu_kv_cache_gib=1, max_lora_rank=LORA.lora_rank)
     second = loop_thread.run(VllmEngine.start(default_model_dir, settings, DEFAULT_MODEL_NAME))
     yield second
     loop_thread.run(second.shutdown())
@@ -149,3 +155,27 @@ def test_the_adapter_vllm_loads_passes_the_probe_and_a_kept_old_one_is_stopped(s
     assert served.probe_gap < tolerance, served  # fp32 both sides: the adapter as vLLM applies it is the trainer's
     assert moved > 1e-2  # and the adapter moved the logprobs the probe reads: the gap did not pass by the base alone
     assert second_engine.adapter is None
+
+
+def test_a_repeated_step_samples_the_same_first_turns_on_an_fp32_engine(second_engine, loop_thread, default_model_dir):
+    """rl/README's promise: a resumed step asks for the same problems with the same seeds, and on an fp32 engine
+    the samples repeat too. Only each trajectory's first turn: later turns read tool results that carry the
+    cell's measured execution time. The first pass caches the prompt, so the two compared passes both start
+    from it (a cached prefix takes another kernel path than a fresh prefill)."""
+    config = GRPOConfig(max_turns=2, max_response_tokens=96)
+    problems = [Problem("0", "What is 4821 times 937?", "4517277")]
+
+    async def go():
+        await second_engine.reload_weights(default_model_dir)  # whatever an earlier test synced
+        async with LocalClient(SandboxSettings(uid_base=64650)) as sandbox:
+            env = RolloutEnv(second_engine, rstar_template(second_engine.tokenizer), sandbox)
+            return [(await generate(env, problems, 2, config, seed=5, step=3))[0] for _ in range(3)]
+
+    _, first, second = loop_thread.run(go(), timeout=600)
+
+    def first_turns(group):
+        return [(t.turns[0].seed, t.response_ids[t.turns[0].start : t.turns[0].end]) for t in group]
+
+    assert first_turns(first) == first_turns(second)
+    assert first[0].turns[0].seed != first[1].turns[0].seed  # each sample of a group draws with its own seed
+    assert all(t.turns[0].end - t.turns[0].start > 0 for t in first)
