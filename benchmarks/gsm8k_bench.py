@@ -86,12 +86,20 @@ def failure_kind(sample: EvalSample) -> str | None:
     return "wrong program"
 
 
-def run_harness(model: str, template: str, limit: int | None, args, work: Path, index: int) -> dict:
+def answer_record(sample: EvalSample) -> dict:
+    """One answer in the shape tool_use_bench gives its answers (what rl_recipe_bench pairs and counts)."""
+    cells = cells_of(sample)
+    return {"id": sample.doc_id, "family": "gsm8k", "accurate": sample.score > 0, "tool_call": sample.num_tool_calls > 0,
+            "cells": len(cells), "cell_errors": sum(cell.get("status") != "ok" for cell in cells)}
+
+
+def run_harness(model: str, template: str, limit: int | None, data_dir: Path, concurrency: int, work: Path, run_id: str) -> dict:
+    """`model` served by `rstar serve` and asked GSM8K test (its first `limit` problems) by `rstar eval run`; the figures
+    read back from the harness's database, with one record per problem in `answers`, sorted by doc_id."""
     database_url = f"sqlite:///{work / 'evals.db'}"
-    run_id = f"gsm8k-{index}-{template}"
     with served(model, work) as server:
         command = [sys.executable, "-m", "rstar.cli", "eval", "run", "--suite", "gsm8k", "--endpoint", f"{server.base_url}/v1",
-                   "--template", template, "--data-dir", str(args.data_dir), "--concurrency", str(args.concurrency),
+                   "--template", template, "--data-dir", str(data_dir), "--concurrency", str(concurrency),
                    "--run-id", run_id, "--database-url", database_url]
         if limit:
             command += ["--limit", str(limit)]
@@ -110,6 +118,7 @@ def run_harness(model: str, template: str, limit: int | None, args, work: Path, 
         "truncated_rate": sum(bool(s.grade.get("truncated")) for s in samples) / len(samples),
         "wall_s": wall, "startup_s": server.startup_s,
         "scores": {s.doc_id: s.score for s in samples},
+        "answers": [answer_record(s) for s in sorted(samples, key=lambda s: s.doc_id)],
     }
     if uses_tool:
         kinds = {s.doc_id: failure_kind(s) for s in samples}
@@ -164,7 +173,8 @@ def main() -> None:
         model, template, limit = (spec.strip().split(":") + ["", ""])[:3]
         template = template or "rstar"
         print(f"serving {model} ({template} template) ...", flush=True)
-        result = run_harness(model, template, int(limit) if limit else args.limit, args, work, index)
+        result = run_harness(model, template, int(limit) if limit else args.limit, args.data_dir, args.concurrency, work,
+                             f"gsm8k-{index}-{template}")
         low, high = result["accuracy_95"]
         print(f"{model}: accuracy {result['accuracy']:.1%} (95% {low:.1%}-{high:.1%}), tool call {result['tool_call_rate']:.1%}, "
               f"{result['problems']} problems in {result['wall_s']:.0f} s", flush=True)

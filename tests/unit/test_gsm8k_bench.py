@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from gsm8k_bench import failure_kind, paired_bootstrap, wilson  # noqa: E402
+from gsm8k_bench import answer_record, failure_kind, paired_bootstrap, wilson  # noqa: E402
 
 
 def sample(score: float, cells: list[dict], gold: str = "18") -> SimpleNamespace:
@@ -44,3 +44,12 @@ def test_a_miss_is_sorted_by_what_its_cells_did(cells, kind):
 
 def test_a_right_answer_is_no_miss():
     assert failure_kind(sample(1.0, [{"status": "ok", "stdout": "18\n"}])) is None
+
+
+def test_an_answer_record_counts_its_cells_as_tool_use_bench_counts_them():
+    # The shape rl_recipe_bench pairs across checkpoints: one record per test problem, keyed by its doc_id.
+    record = answer_record(SimpleNamespace(doc_id="17", score=1.0, num_tool_calls=2, grade={"gold": "18"}, trajectory={"response": {
+        "choices": [{"message": {"code_cells": [{"status": "error"}, {"status": "ok", "stdout": "18\n"}]}}]}}))
+    assert record == {"id": "17", "family": "gsm8k", "accurate": True, "tool_call": True, "cells": 2, "cell_errors": 1}
+    missed = answer_record(SimpleNamespace(doc_id="3", score=0.0, num_tool_calls=0, grade={}, trajectory=None))
+    assert missed["accurate"] is False and missed["tool_call"] is False and missed["cells"] == 0

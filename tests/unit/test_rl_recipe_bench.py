@@ -4,11 +4,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from heldout_shapes import BENCH_SHAPES, heldout_set, shapes  # noqa: E402
-from rl_recipe_bench import bootstrap, last_steps_mean, summarize  # noqa: E402
+from rl_recipe_bench import answers_matrix, bootstrap, interval, last_steps_mean, summarize  # noqa: E402
 
 from rstar.rl.sft.catalogue import FAMILIES, heldout_phrasing_ids  # noqa: E402
 from rstar.rl.sft.data import generate_problems  # noqa: E402
@@ -55,8 +56,10 @@ def test_an_interval_over_shapes_is_wider_when_shapes_pass_or_fail_whole():
     assert shape_high - shape_low > 2 * (high - low)
 
 
-def evaluation(correct: list[bool]) -> dict:
-    return {"answers": [{"accurate": c, "tool_call": True, "cells": 1, "cell_errors": int(not c), "family": "word"} for c in correct]}
+def evaluation(correct: list[bool], ids=None) -> dict:
+    ids = range(len(correct)) if ids is None else ids
+    return {"answers": [{"id": i, "accurate": c, "tool_call": True, "cells": 1, "cell_errors": int(not c), "family": "word"}
+                        for i, c in zip(ids, correct)]}
 
 
 def test_the_difference_to_the_control_is_paired_problem_by_problem():
@@ -75,3 +78,15 @@ def test_the_difference_to_the_control_is_paired_problem_by_problem():
 def test_the_last_steps_mean_skips_steps_with_no_positive_rollout():
     assert last_steps_mean([0.5, None, 0.25]) == 0.25
     assert last_steps_mean([None, None]) is None
+
+
+def test_evaluations_of_different_problems_are_not_paired():
+    with pytest.raises(ValueError, match="different problems"):
+        answers_matrix([evaluation([True, False]), evaluation([True, False], ids=[1, 0])], "accurate")
+
+
+def test_problems_without_shapes_get_no_interval_over_shapes():
+    # GSM8K's test problems have no sentence shapes: the interval is over seeds and problems only.
+    matrix = (np.arange(40) % 2).astype(float)[None, :]
+    assert interval(matrix, [{"id": i, "family": "gsm8k"} for i in range(40)])["ci95_over_shapes"] is None
+    assert interval(matrix, [{"id": i, "phrasing": i % 4} for i in range(40)])["ci95_over_shapes"] is not None
