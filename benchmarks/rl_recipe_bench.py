@@ -179,7 +179,7 @@ def plot(summaries: dict[str, dict], judged_on: str, path: Path) -> None:
         low, high = accuracy["ci95"]
         bars.bar(x, accuracy["mean"], 0.6, yerr=[[accuracy["mean"] - low], [high - accuracy["mean"]]], capsize=4, color=f"C{x}")
         bars.scatter([x] * len(summaries[name]["per_seed_accuracy"]), summaries[name]["per_seed_accuracy"], color="black", s=8, zorder=3)
-        bars.text(x, high + 1, f"{accuracy['mean']:.1f}", ha="center", fontsize=8)
+        bars.text(x, high, f"{accuracy['mean']:.1f}", ha="center", va="bottom", fontsize=8)
     bars.set_xticks(range(len(names)), names)
     bars.set_ylabel(f"{judged_on}, % (95% CI; dots: seeds)")
     for axis, key, title in ((curves, "tool_error_rate_positive_per_step", "all positive rollouts, before down-sampling"),
