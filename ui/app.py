@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from contextlib import asynccontextmanager
 
 import gradio as gr
 from fastapi import FastAPI
@@ -49,9 +50,8 @@ async def server_status(client: ApiClient) -> str:
 IDLE_QUEUE_POLL_S = 0.05
 
 
-def build_ui(endpoint: str, api_key: str | None = None, render_floor_s: float = RENDER_INTERVAL_S) -> gr.Blocks:
+def build_ui(endpoint: str, scratch: Scratch, api_key: str | None = None, render_floor_s: float = RENDER_INTERVAL_S) -> gr.Blocks:
     client = ApiClient(endpoint, api_key)
-    scratch = Scratch()
     # Gradio copies every file it serves into its cache and keeps them until the process ends unless told:
     # each hour it drops those older than the downloads' own limit.
     cache_age = int(DOWNLOAD_MAX_AGE_S)
@@ -86,9 +86,24 @@ def mount_ui(app: FastAPI, endpoint: str, api_key: str | None = None, path: str 
     def key_matches(_user: str, password: str) -> bool:
         return hmac.compare_digest(password.encode(), api_key.encode())
 
+    scratch = Scratch()
+    serving = app.router.lifespan_context
+
+    # The downloads go when the app stops, not at interpreter exit: uvicorn ends a SIGTERM'd server by raising
+    # the signal again with its default action, which kills the process before atexit (and so
+    # TemporaryDirectory's finalizer) runs; every stopped server left its directory in /tmp.
+    @asynccontextmanager
+    async def lifespan(application: FastAPI):
+        try:
+            async with serving(application) as state:
+                yield state
+        finally:
+            scratch.close()
+
+    app.router.lifespan_context = lifespan
     return gr.mount_gradio_app(
         app,
-        build_ui(endpoint, api_key, render_floor_s),
+        build_ui(endpoint, scratch, api_key, render_floor_s),
         path=path,
         theme=THEME,
         css=CSS,

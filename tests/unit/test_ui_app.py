@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import tempfile
+
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from rstar.ui.app import mount_ui
+from rstar.ui.scratch import Scratch
 
 NOWHERE = "http://127.0.0.1:9"  # the page's server calls are not exercised here
 
@@ -28,4 +31,17 @@ def test_with_an_api_key_the_ui_asks_for_it():
 def test_the_idle_queue_does_not_spin_in_the_apis_event_loop():
     from rstar.ui.app import IDLE_QUEUE_POLL_S, build_ui
 
-    assert build_ui("http://127.0.0.1:1")._queue.sleep_when_free == IDLE_QUEUE_POLL_S >= 0.05
+    scratch = Scratch()
+    try:
+        assert build_ui("http://127.0.0.1:1", scratch)._queue.sleep_when_free == IDLE_QUEUE_POLL_S >= 0.05
+    finally:
+        scratch.close()
+
+
+def test_the_download_directory_goes_when_the_app_stops(tmp_path, monkeypatch):
+    # Not at interpreter exit, which a server stopped by a signal never reaches (test_serve_cli stops a real one).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with TestClient(mount_ui(FastAPI(), NOWHERE)) as client:
+        assert client.get("/ui/").status_code == 200
+        assert len(list(tmp_path.glob("rstar-ui-*"))) == 1
+    assert list(tmp_path.glob("rstar-ui-*")) == []
