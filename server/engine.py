@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -264,6 +265,7 @@ class VllmEngine:
     adapter: Any = None  # the LoRARequest every request runs with (load_adapter), or None: the base alone
     _stats: dict = field(default_factory=dict)
     _failed: str | None = None
+    _socket_dir: Any = None  # the TemporaryDirectory of this engine's ZMQ sockets, removed by shutdown()
 
     @classmethod
     async def start(
@@ -316,7 +318,13 @@ class VllmEngine:
         )
         holder: dict = {}
         guard_this_process()  # the engine processes vLLM starts die with this one, even if it is killed outright
-        with _environment(engine_environment(defaults, accelerator_kind, settings.cpu_kv_cache_gib, os.environ)):
+        environment = engine_environment(defaults, accelerator_kind, settings.cpu_kv_cache_gib, os.environ)
+        # vLLM binds its ZMQ IPC sockets in the temp dir and leaves their files behind when it stops (about 7 per
+        # start): each engine gets a directory of its own for them, unless the operator chose one.
+        socket_dir = None if "VLLM_RPC_BASE_PATH" in os.environ else tempfile.TemporaryDirectory(prefix="rstar-engine-ipc-")
+        if socket_dir is not None:
+            environment["VLLM_RPC_BASE_PATH"] = socket_dir.name
+        with _environment(environment):
             llm = AsyncLLM.from_engine_args(args, stat_loggers=[_latest_stats_logger(holder)])
         engine = cls(
             llm=llm,
@@ -327,6 +335,7 @@ class VllmEngine:
             model_path=str(model_dir),
             defaults=dataclasses.replace(defaults, kv_cache=f"{defaults.kv_cache}, {_kv_cache_tokens(llm)} tokens"),
             _stats=holder,
+            _socket_dir=socket_dir,
         )
         log.info(describe(engine.defaults))
         # vLLM keeps a traceback that runs through this frame (an exception it catches while starting); the
@@ -519,6 +528,9 @@ class VllmEngine:
         if self.llm is not None:
             self.llm.shutdown()
             self.llm = None
+        if self._socket_dir is not None:
+            self._socket_dir.cleanup()
+            self._socket_dir = None
         self._failed = "the engine has been shut down"
 
 

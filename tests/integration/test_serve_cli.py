@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -138,9 +141,19 @@ def test_ctrl_c_stops_the_server_and_its_engine(rstar_serve):
     process, _, data_dir = rstar_serve
     engine_processes = [p for p in psutil.Process(process.pid).children(recursive=True) if p.name().startswith("VLLM::")]
     assert engine_processes
+    started = psutil.Process(process.pid).create_time()
+
+    def left_in_tmp() -> list[str]:  # what the server made in the temp dir: the UI's downloads, the engine's sockets
+        tmp = Path(tempfile.gettempdir())
+        return sorted(entry.name for entry in tmp.iterdir() if entry.lstat().st_ctime >= started
+                      and (entry.name.startswith(("rstar-ui-", "rstar-engine-ipc-")) or stat.S_ISSOCK(entry.lstat().st_mode)))
+
+    assert len(left_in_tmp()) == 2  # one of each while it serves (vLLM's sockets inside the engine's)
     process.send_signal(signal.SIGINT)
     assert process.wait(60) == 128 + signal.SIGINT  # the shell convention for "stopped by Ctrl-C"
     gone, alive = psutil.wait_procs(engine_processes, timeout=30)
     assert not alive
+    # uvicorn re-raises the signal, so the process dies before atexit: what goes must go in the app's shutdown.
+    assert left_in_tmp() == []
     log = (data_dir / "serve.log").read_text()
     assert "Application shutdown complete" in log and "Traceback" not in log
