@@ -17,7 +17,6 @@ import site
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,7 +98,6 @@ class LaunchPlan:
     argv: list[str]
     config: dict
     isolated: bool
-    scratch_host_dir: str | None = None  # unsafe mode only: a host temp dir we must remove
 
 
 def plan(settings: SandboxSettings, host: HostReport) -> LaunchPlan:
@@ -145,11 +143,10 @@ def plan(settings: SandboxSettings, host: HostReport) -> LaunchPlan:
         os.makedirs(settings.containers_dir, exist_ok=True)
         os.chmod(settings.containers_dir, 0o711)
     if not isolated:
-        scratch = tempfile.mkdtemp(prefix="rstar-cells-")
-        config["scratch_root"] = scratch
+        config["scratch_root"] = None  # a host temp dir, made and removed by the process that runs this plan
         config["containers_root"] = settings.containers_dir
         argv = [binary, "-I", "-S", "-B", "-c", _boot_code(str(PACKAGE_DIR.parent), sites)]
-        return LaunchPlan(argv, config, False, scratch)
+        return LaunchPlan(argv, config, False)
 
     config["scratch_root"] = IN_SANDBOX_SCRATCH
     read_only = ["/usr", prefix, *sites]

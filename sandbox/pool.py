@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import logging
 import shutil
+import tempfile
 import time
 from typing import Any
 
@@ -42,6 +43,7 @@ class ZygoteProcess:
         self._stderr: asyncio.Task | None = None
         self._write_lock = asyncio.Lock()
         self.stopping = False
+        self.scratch_host_dir: str | None = None  # unsafe mode only: the cells' host temp dir, removed by stop()
 
     @property
     def alive(self) -> bool:
@@ -50,11 +52,15 @@ class ZygoteProcess:
         return self.proc is not None and self.proc.returncode is None and reading
 
     async def start(self) -> dict:
+        config = self.plan.config
+        if not self.plan.isolated:
+            self.scratch_host_dir = tempfile.mkdtemp(prefix="rstar-cells-")
+            config = {**config, "scratch_root": self.scratch_host_dir}
         self.proc = await asyncio.create_subprocess_exec(
             *self.plan.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"}, close_fds=True, start_new_session=True)
         self._stderr = asyncio.create_task(self._log_stderr())
-        self.proc.stdin.write(protocol.encode(self.plan.config))
+        self.proc.stdin.write(protocol.encode(config))
         await self.proc.stdin.drain()
         try:
             ready = await asyncio.wait_for(protocol.read_frame_async(self.proc.stdout), START_TIMEOUT_S)
@@ -114,6 +120,13 @@ class ZygoteProcess:
             await self.proc.stdin.drain()
 
     async def stop(self) -> None:
+        try:
+            await self._stop_process()
+        finally:
+            if self.scratch_host_dir:  # once the zygote is gone, no cell is still writing into it
+                shutil.rmtree(self.scratch_host_dir, ignore_errors=True)
+
+    async def _stop_process(self) -> None:
         if self.proc is None:
             return
         self.stopping = True
@@ -129,8 +142,6 @@ class ZygoteProcess:
         for task in (self._reader, self._stderr):
             if task is not None:
                 task.cancel()
-        if self.plan.scratch_host_dir:
-            shutil.rmtree(self.plan.scratch_host_dir, ignore_errors=True)
 
 
 class SandboxPool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 
 import pytest
 
@@ -31,14 +32,17 @@ def test_refuses_without_seccomp():
 
 
 @pytest.mark.parametrize("skipped, sealed", [([], True), (["setpgid"], False), (["setsid"], False), (["bpf"], True)])
-def test_killpg_alone_ends_a_cell_only_when_seccomp_denies_leaving_the_group(skipped, sealed):
+def test_killpg_alone_ends_a_cell_only_when_seccomp_denies_leaving_the_group(skipped, sealed, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     host = launch.HostReport(bwrap="/usr/bin/bwrap", seccomp_bpf=b"\0" * 8, seccomp_skipped=skipped)
     assert launch.plan(SandboxSettings(), host).config["groups_sealed"] is sealed
     unsafe = launch.plan(SandboxSettings(unsafe_no_isolation=True), host)
     assert unsafe.config["groups_sealed"] is False
+    assert list(tmp_path.iterdir()) == []  # a plan is pure: the unsafe mode's scratch dir is made by the start
 
 
-def test_unsafe_mode_runs_and_warns_on_every_start(caplog):
+def test_unsafe_mode_runs_and_warns_on_every_start(caplog, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     settings = SandboxSettings(unsafe_no_isolation=True, bwrap_path="/nonexistent/bwrap", workers=1, preload=[])
 
     async def use():
@@ -47,6 +51,9 @@ def test_unsafe_mode_runs_and_warns_on_every_start(caplog):
             async with SandboxPool(settings) as pool:
                 results.append((await pool.run({"code": "print(1)"}), await pool.run({"code": "while True: pass", "timeout_s": 0.3}),
                                 pool.health()))
+                scratch = list(tmp_path.glob("rstar-cells-*"))  # the cells' scratch lives on the host here
+                assert len(scratch) == 1 and any(scratch[0].iterdir())
+            assert list(tmp_path.glob("rstar-cells-*")) == []
         return results
 
     with caplog.at_level(logging.WARNING, logger="rstar.sandbox"):
