@@ -11,10 +11,11 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import shutil
 import tempfile
 import time
 from typing import Any
+
+from rstar.process_temp import owned_temp_dir
 
 from . import launch, protocol
 from .metrics import PoolMetrics
@@ -43,7 +44,7 @@ class ZygoteProcess:
         self._stderr: asyncio.Task | None = None
         self._write_lock = asyncio.Lock()
         self.stopping = False
-        self.scratch_host_dir: str | None = None  # unsafe mode only: the cells' host temp dir, removed by stop()
+        self.scratch_host_dir: tempfile.TemporaryDirectory | None = None  # unsafe mode only: the cells' host dir
 
     @property
     def alive(self) -> bool:
@@ -54,8 +55,8 @@ class ZygoteProcess:
     async def start(self) -> dict:
         config = self.plan.config
         if not self.plan.isolated:
-            self.scratch_host_dir = tempfile.mkdtemp(prefix="rstar-cells-")
-            config = {**config, "scratch_root": self.scratch_host_dir}
+            self.scratch_host_dir = owned_temp_dir("rstar-cells-")
+            config = {**config, "scratch_root": self.scratch_host_dir.name}
         self.proc = await asyncio.create_subprocess_exec(
             *self.plan.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"}, close_fds=True, start_new_session=True)
@@ -124,7 +125,7 @@ class ZygoteProcess:
             await self._stop_process()
         finally:
             if self.scratch_host_dir:  # once the zygote is gone, no cell is still writing into it
-                shutil.rmtree(self.scratch_host_dir, ignore_errors=True)
+                self.scratch_host_dir.cleanup()
 
     async def _stop_process(self) -> None:
         if self.proc is None:

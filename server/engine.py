@@ -12,7 +12,6 @@ import dataclasses
 import importlib.util
 import logging
 import os
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any, Protocol
 
 from rstar.config import EngineSettings, default_cache_dir
 from rstar.orphan_guard import guard_this_process
+from rstar.process_temp import owned_temp_dir
 from rstar.server.engine_defaults import (
     EngineDefaults,
     choose_dtype,
@@ -320,8 +320,9 @@ class VllmEngine:
         guard_this_process()  # the engine processes vLLM starts die with this one, even if it is killed outright
         environment = engine_environment(defaults, accelerator_kind, settings.cpu_kv_cache_gib, os.environ)
         # vLLM binds its ZMQ IPC sockets in the temp dir and leaves their files behind when it stops (about 7 per
-        # start): each engine gets a directory of its own for them, unless the operator chose one.
-        socket_dir = None if "VLLM_RPC_BASE_PATH" in os.environ else tempfile.TemporaryDirectory(prefix="rstar-engine-ipc-")
+        # start): each engine gets a directory of its own for them, unless the operator chose one. shutdown() removes
+        # it; a killed engine's goes at the next engine start (process_temp).
+        socket_dir = None if "VLLM_RPC_BASE_PATH" in os.environ else owned_temp_dir("rstar-engine-ipc-")
         if socket_dir is not None:
             environment["VLLM_RPC_BASE_PATH"] = socket_dir.name
         with _environment(environment):

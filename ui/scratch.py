@@ -10,12 +10,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from rstar.process_temp import owned_temp_dir
+
 DOWNLOAD_MAX_AGE_S = 3600.0
 
 
 class Scratch:
     def __init__(self, max_age_s: float = DOWNLOAD_MAX_AGE_S):
-        self._directory = tempfile.TemporaryDirectory(prefix="rstar-ui-")  # removed when the UI's process ends
+        self._directory = owned_temp_dir("rstar-ui-")  # close() removes it: the app's lifespan calls it
         self.root = Path(self._directory.name)
         self.max_age_s = max_age_s
 

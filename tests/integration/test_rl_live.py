@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -201,6 +202,10 @@ def run_steps(db: Path, run_id: str) -> list[int]:
         return [row[0] for row in connection.execute("select step from rl_steps where run_id = ? order by step", (run_id,))]
 
 
+def engine_socket_dirs(pid: int) -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob(f"rstar-engine-ipc-{pid}-*"))
+
+
 def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_path):
     """`rstar rl train` on two sharded trainer ranks in its own process (its own engine), killed with SIGKILL
     after its first checkpoint, then the same command: it finishes from that checkpoint, on both ranks' shards,
@@ -234,6 +239,8 @@ def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_pat
         assert not left, f"the killed trainer's engine processes or rank outlived it: {left}"
         wait_for(lambda: not any((Path("/dev/shm") / name).exists() for name in segments), timeout_s=10,
                  failure="the killed engine's shared memory stayed in /dev/shm")
+        # A killed process cannot remove its temp dirs: the next engine start does (process_temp)
+        assert len(engine_socket_dirs(first.pid)) == 1
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(first.pid, signal.SIGKILL)  # whatever is left of the first run, should the guard have failed
@@ -252,6 +259,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_pat
             os.killpg(second.pid, signal.SIGKILL)  # on a timeout, its engine processes too, not the trainer alone
     assert second.returncode == 0, stderr[-3000:]
     assert "killed: finished" in stdout
+    assert engine_socket_dirs(first.pid) == engine_socket_dirs(second.pid) == []
     assert run_steps(db, "killed") == [1, 2]
     with sqlite3.connect(db) as connection:
         status, step = connection.execute("select status, step from rl_runs where id = 'killed'").fetchone()
