@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import sessionmaker
 
+from rstar.orphan_guard import pid_alive
 from rstar.server.db import RlCheckpoint, RlRun, RlStep
 
 TERMINAL = ("finished", "failed", "cancelled")
@@ -44,17 +45,6 @@ def process_alive(host: str, pid: int | None) -> bool:
     if pid is None:
         return False
     return host != socket.gethostname() or pid_alive(pid)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process of this host (and pid namespace) has this pid; another user's counts."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def run_view(run: RlRun, steps: list[RlStep] | None = None) -> dict[str, Any]:

@@ -89,6 +89,17 @@ def running(pid: int) -> bool:
     return fields is not None and fields[0] not in (b"Z", b"X")
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host (and pid namespace) has this pid; another user's counts."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def shared_memory_used(pids: Iterable[int] | None = None) -> set[str]:
     """Names of the /dev/shm files these processes (every process, when None) map or hold open."""
     names: set[str] = set()

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -40,24 +39,13 @@ from pathlib import Path
 
 import torch
 
+from rstar.process_temp import owned_temp_dir
 from rstar.rl.packing import Branch, Tree, pack
 from rstar.rl.policy import Policy, tied_names
-from rstar.rl.runs import pid_alive
 from rstar.rl.tensor_files import write_safetensors
 from rstar.server.engine import TokenEngine
 
 WEIGHTS_PREFIX = "rstar-weights-"  # then the trainer's pid, a dash and a random part
-
-
-def remove_orphaned_weights(base: Path) -> list[Path]:
-    """Remove the weight directories under `base` whose trainer process is gone; returns what it removed."""
-    removed = []
-    for directory in base.glob(f"{WEIGHTS_PREFIX}*-*"):
-        owner = directory.name[len(WEIGHTS_PREFIX) :].split("-", 1)[0]
-        if owner.isdigit() and not pid_alive(int(owner)):
-            shutil.rmtree(directory, ignore_errors=True)
-            removed.append(directory)
-    return removed
 
 
 class WeightSyncFailed(RuntimeError):
@@ -130,8 +118,7 @@ class WeightSync:
         self.last: dict[int, ProbeReading] = {}  # the previous sync's reading of each replica, to check the next one followed
         self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(engine_dtype, torch.float32)
         base = Path("/dev/shm") if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
-        remove_orphaned_weights(base)
-        self._dir = tempfile.TemporaryDirectory(prefix=f"{WEIGHTS_PREFIX}{os.getpid()}-", dir=base)
+        self._dir = owned_temp_dir(WEIGHTS_PREFIX, base)
 
     async def sync(self) -> SyncReport:
         started = time.perf_counter()

@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 
-from rstar.rl.grpo.weight_sync import remove_orphaned_weights
+from rstar.process_temp import remove_orphans
+from rstar.rl.grpo.weight_sync import WEIGHTS_PREFIX
 
 
 def test_weights_of_a_trainer_that_is_gone_are_removed_and_a_live_ones_kept(tmp_path):
@@ -18,5 +19,5 @@ def test_weights_of_a_trainer_that_is_gone_are_removed_and_a_live_ones_kept(tmp_
     running.mkdir()
     unowned = tmp_path / "rstar-weights-gm6sksy8"  # no pid in its name (made before they carried one): not ours to judge
     unowned.mkdir()
-    assert remove_orphaned_weights(tmp_path) == [orphan]
+    assert remove_orphans(WEIGHTS_PREFIX, tmp_path) == [orphan]
     assert not orphan.exists() and running.exists() and unowned.exists()
