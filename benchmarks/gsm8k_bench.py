@@ -12,6 +12,9 @@ difference on the same problems with a 95% bootstrap interval; for a tool-using 
 - wrong program: a cell ran, none printed the gold number;
 - right program, wrong answer: a cell printed the gold number, the boxed answer is something else.
 
+Counted across those kinds: misses with the escape slip, a newline before a name written as `\\b`, `\\f` or `\\c`
+inside the call's JSON (`\\bolts` decodes to backspace + `olts`, a cell that cannot run; `\\c` does not decode).
+
 Goals (issue 27, for `default`): accuracy >= 10%, tool-call rate >= 95%.
 
     python benchmarks/gsm8k_bench.py [--limit N] [--models smollm2-135m-instruct:native:300,default:rstar] [--out FILE.json]
@@ -86,6 +89,13 @@ def failure_kind(sample: EvalSample) -> str | None:
     return "wrong program"
 
 
+def has_escape_slip(sample: EvalSample) -> bool:
+    """A cell whose code JSON-decoded to a backspace or form feed, or a call that failed on an invalid escape."""
+    return any("\b" in (cell.get("code") or "") or "\f" in (cell.get("code") or "")
+               or (cell.get("status") == "invalid_input" and "Invalid \\escape" in (cell.get("stderr") or ""))
+               for cell in cells_of(sample))
+
+
 def answer_record(sample: EvalSample) -> dict:
     """One answer in the shape tool_use_bench gives its answers (what rl_recipe_bench pairs and counts)."""
     cells = cells_of(sample)
@@ -123,6 +133,7 @@ def run_harness(model: str, template: str, limit: int | None, data_dir: Path, co
     if uses_tool:
         kinds = {s.doc_id: failure_kind(s) for s in samples}
         result["misses_by_kind"] = {kind: sum(k == kind for k in kinds.values()) for kind in FAILURE_KINDS}
+        result["escape_slip_misses_by_kind"] = {kind: sum(kinds[s.doc_id] == kind and has_escape_slip(s) for s in samples) for kind in FAILURE_KINDS}
         result["miss_examples"] = {
             kind: [{"doc_id": s.doc_id, "gold": s.grade["gold"], "predicted": s.grade.get("predicted"),
                     "code": [c.get("code") for c in cells_of(s)], "stdout": [c.get("stdout") for c in cells_of(s)]}

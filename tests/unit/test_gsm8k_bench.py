@@ -8,7 +8,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from gsm8k_bench import answer_record, failure_kind, paired_bootstrap, wilson  # noqa: E402
+from gsm8k_bench import answer_record, failure_kind, has_escape_slip, paired_bootstrap, wilson  # noqa: E402
+
+from rstar.server.tool_calls import decode_tool_call  # noqa: E402
 
 
 def sample(score: float, cells: list[dict], gold: str = "18") -> SimpleNamespace:
@@ -53,3 +55,22 @@ def test_an_answer_record_counts_its_cells_as_tool_use_bench_counts_them():
     assert record == {"id": "17", "family": "gsm8k", "accurate": True, "tool_call": True, "cells": 2, "cell_errors": 1}
     missed = answer_record(SimpleNamespace(doc_id="3", score=0.0, num_tool_calls=0, grade={}, trajectory=None))
     assert missed["accurate"] is False and missed["tool_call"] is False and missed["cells"] == 0
+
+
+def slipped_cell(code_json: str) -> dict:
+    """The cell a call with this `code` value (JSON text, as the model wrote it) shows: decoded by the real parser."""
+    call = decode_tool_call(0, '{"name": "python_code_with_standard_io", "arguments": {"code": "%s"}}' % code_json)
+    if call.decode_error:
+        return {"status": "invalid_input", "code": call.raw, "stderr": f"Failed to decode tool call: {call.decode_error}"}
+    return {"status": "error", "code": call.code, "stdout": ""}
+
+
+@pytest.mark.parametrize("code_json, slipped", [
+    ("bolts_2 = 2 * 2\\bolts_1 = bolts_2 / 2", True),  # \b: backspace + "olts_1"
+    ("x = 1\\fish = 2", True),  # \f: form feed + "ish"
+    ("x = 1\\cats = 2", True),  # \c: no such JSON escape, the call does not decode
+    ("bolts_2 = 2 * 2\\nbolts_1 = bolts_2 / 2", False),
+    ("print('a\\\\bc')", False),  # an escaped backslash is the program's own
+])
+def test_the_escape_slip_is_told_from_a_program_s_own_backslashes(code_json, slipped):
+    assert has_escape_slip(sample(0.0, [slipped_cell(code_json)])) is slipped
