@@ -47,6 +47,7 @@ from served import served  # noqa: E402  (it starts servers with tests/processes
 DEFAULT_MODELS = "smollm2-135m-instruct:native:300,default:rstar"  # the base, near 0%, is bounded well enough by 300 answers, and each can run to 2048 tokens
 FAILURE_KINDS = ("no call", "failing cell", "wrong program", "right program, wrong answer")
 EXAMPLES_PER_KIND = 3
+EXAMPLE_TEXT_CHARS = 400
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -67,10 +68,14 @@ def paired_bootstrap(differences: list[float], resamples: int = 10_000, seed: in
     return (means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1])
 
 
-def cells_of(sample: EvalSample) -> list[dict]:
+def message_of(sample: EvalSample) -> dict:
     response = (sample.trajectory or {}).get("response") or {}
     choices = response.get("choices") or [{}]
-    return choices[0].get("message", {}).get("code_cells") or []
+    return choices[0].get("message") or {}
+
+
+def cells_of(sample: EvalSample) -> list[dict]:
+    return message_of(sample).get("code_cells") or []
 
 
 def failure_kind(sample: EvalSample) -> str | None:
@@ -94,6 +99,11 @@ def has_escape_slip(sample: EvalSample) -> bool:
     return any("\b" in (cell.get("code") or "") or "\f" in (cell.get("code") or "")
                or (cell.get("status") == "invalid_input" and "Invalid \\escape" in (cell.get("stderr") or ""))
                for cell in cells_of(sample))
+
+
+def text_end(message: dict) -> str:
+    """The last characters of an answer's reasoning and content: where it stopped, and why."""
+    return ((message.get("reasoning_content") or "") + (message.get("content") or ""))[-EXAMPLE_TEXT_CHARS:]
 
 
 def answer_record(sample: EvalSample) -> dict:
@@ -136,7 +146,8 @@ def run_harness(model: str, template: str, limit: int | None, data_dir: Path, co
         result["escape_slip_misses_by_kind"] = {kind: sum(kinds[s.doc_id] == kind and has_escape_slip(s) for s in samples) for kind in FAILURE_KINDS}
         result["miss_examples"] = {
             kind: [{"doc_id": s.doc_id, "gold": s.grade["gold"], "predicted": s.grade.get("predicted"),
-                    "code": [c.get("code") for c in cells_of(s)], "stdout": [c.get("stdout") for c in cells_of(s)]}
+                    "code": [c.get("code") for c in cells_of(s)], "stdout": [c.get("stdout") for c in cells_of(s)],
+                    "text_end": text_end(message_of(s))}
                    for s in samples if kinds[s.doc_id] == kind][:EXAMPLES_PER_KIND]
             for kind in FAILURE_KINDS
         }
