@@ -299,7 +299,7 @@ def test_the_pulled_default_answers_a_held_out_problem_with_a_cell_that_ran(live
 
 def test_the_pulled_default_answers_a_held_out_word_problem_with_a_cell_that_ran(live_server):
     """A one-step word problem in a sentence shape no training data uses (benchmarks/heldout_shapes.py,
-    bench-word/1; that shape is 14 of 14 right for the shipped delta). Multi-step GSM8K problems it still
+    bench-word/1; that shape was 14 of 14 right for delta v2, in rl_recipe_bench's control). Multi-step GSM8K problems it still
     gets wrong: benchmarks/README.md, gsm8k_bench."""
     from rstar.sandbox.verify import extract_answer
 
