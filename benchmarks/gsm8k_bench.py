@@ -4,8 +4,10 @@ tool-using default (issue 27).
 Each model is started by `rstar serve` as a user starts it, then `rstar eval run --suite gsm8k --endpoint ...`
 asks it every test problem (or the first --limit) with the suite's defaults (temperature 0, 0-shot, 5 turns,
 2048 tokens); the figures are read back from the harness's own database. Reported per model: accuracy with its
-95% Wilson interval, the tool-call rate (answers in which a cell ran) and mean tokens; for each pair, the paired
-difference on the same problems with a 95% bootstrap interval; for a tool-using model, its misses by kind:
+95% Wilson interval, the tool-call rate (answers in which a cell ran) and mean tokens; the paired
+difference on the same problems with a 95% bootstrap interval of each tool-using model against each model on its
+native template, and of each later tool-using model against the first (a new delta, given as a model directory,
+against `default`); for a tool-using model, its misses by kind:
 
 - no call: no cell ran;
 - failing cell: cells ran, none ended ok;
@@ -113,6 +115,20 @@ def answer_record(sample: EvalSample) -> dict:
             "cells": len(cells), "cell_errors": sum(cell.get("status") != "ok" for cell in cells)}
 
 
+def paired_differences(results: list[dict]) -> list[dict]:
+    """Each tool-using model against each model on its native template, and each later tool-using model against the
+    first (two deltas side by side), on the problems both answered."""
+    tooled = [r for r in results if r["template"] == "rstar"]
+    native = [r for r in results if r["template"] != "rstar"]
+    pairs = []
+    for better, than in [*((t, n) for t in tooled for n in native), *((t, tooled[0]) for t in tooled[1:])]:
+        shared = sorted(set(than["scores"]) & set(better["scores"]))
+        differences = [better["scores"][d] - than["scores"][d] for d in shared]
+        pairs.append({"better": better["model"], "than": than["model"], "problems": len(shared),
+                      "difference": statistics.fmean(differences), "difference_95": paired_bootstrap(differences)})
+    return pairs
+
+
 def run_harness(model: str, template: str, limit: int | None, data_dir: Path, concurrency: int, work: Path, run_id: str) -> dict:
     """`model` served by `rstar serve` and asked GSM8K test (its first `limit` problems) by `rstar eval run`; the figures
     read back from the harness's database, with one record per problem in `answers`, sorted by doc_id."""
@@ -202,13 +218,7 @@ def main() -> None:
               f"{result['problems']} problems in {result['wall_s']:.0f} s", flush=True)
         results.append(result)
 
-    pairs = []  # each tool-using model against each model on its native template, on the problems both answered
-    for tooled in (r for r in results if r["template"] == "rstar"):
-        for native in (r for r in results if r["template"] != "rstar"):
-            shared = sorted(set(native["scores"]) & set(tooled["scores"]))
-            differences = [tooled["scores"][d] - native["scores"][d] for d in shared]
-            pairs.append({"better": tooled["model"], "than": native["model"], "problems": len(shared),
-                          "difference": statistics.fmean(differences), "difference_95": paired_bootstrap(differences)})
+    pairs = paired_differences(results)
     default = next((r for r in results if r["model"] == "default"), None)
     goals = [] if default is None else [
         goal("default: GSM8K test accuracy", round(default["accuracy"], 4), ">=", 0.10, "share"),

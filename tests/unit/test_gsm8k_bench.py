@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from gsm8k_bench import answer_record, failure_kind, has_escape_slip, paired_bootstrap, wilson  # noqa: E402
+from gsm8k_bench import answer_record, failure_kind, has_escape_slip, paired_bootstrap, paired_differences, wilson  # noqa: E402
 
 from rstar.server.tool_calls import decode_tool_call  # noqa: E402
 
@@ -23,6 +23,16 @@ def test_wilson_bounds_a_zero_score_above_zero_and_holds_the_rate():
     assert low == 0.0 and 0.01 < high < 0.015  # 0 of 300 still allows about 1.3%
     low, high = wilson(30, 1319)
     assert low < 30 / 1319 < high and high - low < 0.02
+
+
+def test_a_second_delta_is_paired_with_the_first_and_each_tool_user_with_the_base():
+    base = {"model": "base", "template": "native", "scores": {"0": 0.0, "1": 0.0}}
+    first = {"model": "default", "template": "rstar", "scores": {"0": 1.0, "1": 0.0, "2": 0.0}}
+    second = {"model": "/models/v5", "template": "rstar", "scores": {"0": 1.0, "1": 1.0, "2": 1.0}}
+    pairs = paired_differences([base, first, second])
+    assert [(p["better"], p["than"], p["problems"]) for p in pairs] == [
+        ("default", "base", 2), ("/models/v5", "base", 2), ("/models/v5", "default", 3)]
+    assert [p["difference"] for p in pairs] == [0.5, 1.0, 2 / 3]  # on the problems both answered
 
 
 def test_the_paired_interval_holds_the_mean_and_excludes_zero_only_when_the_data_do():
