@@ -15,7 +15,8 @@ against `default`); for a tool-using model, its misses by kind:
 - right program, wrong answer: a cell printed the gold number, the boxed answer is something else.
 
 Counted across those kinds: misses with the escape slip, a newline before a name written as `\\b`, `\\f` or `\\c`
-inside the call's JSON (`\\bolts` decodes to backspace + `olts`, a cell that cannot run; `\\c` does not decode).
+inside the call's JSON (`\\bolts` decodes to backspace + `olts`, a cell that cannot run; `\\c` does not decode), and
+answers that count one name up (`eggs_2`, `eggs_3`, ... `eggs_122`) until their tokens run out.
 
 Goals (issue 27, for `default`): accuracy >= 10%, tool-call rate >= 95%.
 
@@ -28,6 +29,7 @@ import argparse
 import math
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -50,6 +52,8 @@ DEFAULT_MODELS = "smollm2-135m-instruct:native:300,default:rstar"  # the base, n
 FAILURE_KINDS = ("no call", "failing cell", "wrong program", "right program, wrong answer")
 EXAMPLES_PER_KIND = 3
 EXAMPLE_TEXT_CHARS = 400
+NUMBERED_NAME = re.compile(r"\b([A-Za-z_]\w*?)_(\d+)\b")
+COUNTED_UP = 8  # no GSM8K training program numbers one name more than 6 times
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -101,6 +105,18 @@ def has_escape_slip(sample: EvalSample) -> bool:
     return any("\b" in (cell.get("code") or "") or "\f" in (cell.get("code") or "")
                or (cell.get("status") == "invalid_input" and "Invalid \\escape" in (cell.get("stderr") or ""))
                for cell in cells_of(sample))
+
+
+def counts_a_name_up(sample: EvalSample) -> bool:
+    """The loop seen in v4's truncated answers: one name numbered on and on (`eggs_2`, `eggs_3`, ... `eggs_122`),
+    counted as one stem with COUNTED_UP or more numbers anywhere in the answer's text or cells, more than any
+    training program has, so it marks the loop and not the converter's naming."""
+    message = message_of(sample)
+    text = "\n".join([message.get("reasoning_content") or "", message.get("content") or "", *(c.get("code") or "" for c in cells_of(sample))])
+    numbers: dict[str, set[str]] = {}
+    for stem, number in NUMBERED_NAME.findall(text):
+        numbers.setdefault(stem, set()).add(number)
+    return any(len(n) >= COUNTED_UP for n in numbers.values())
 
 
 def text_end(message: dict) -> str:
@@ -160,6 +176,10 @@ def run_harness(model: str, template: str, limit: int | None, data_dir: Path, co
         kinds = {s.doc_id: failure_kind(s) for s in samples}
         result["misses_by_kind"] = {kind: sum(k == kind for k in kinds.values()) for kind in FAILURE_KINDS}
         result["escape_slip_misses_by_kind"] = {kind: sum(kinds[s.doc_id] == kind and has_escape_slip(s) for s in samples) for kind in FAILURE_KINDS}
+        counted_up = {s.doc_id for s in samples if counts_a_name_up(s)}
+        result["counted_up_name"] = {
+            "answers": len(counted_up), "truncated": sum(s.doc_id in counted_up and bool(s.grade.get("truncated")) for s in samples),
+            "misses_by_kind": {kind: sum(k == kind and d in counted_up for d, k in kinds.items()) for kind in FAILURE_KINDS}}
         result["miss_examples"] = {
             kind: [{"doc_id": s.doc_id, "gold": s.grade["gold"], "predicted": s.grade.get("predicted"),
                     "code": [c.get("code") for c in cells_of(s)], "stdout": [c.get("stdout") for c in cells_of(s)],

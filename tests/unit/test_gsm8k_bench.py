@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from gsm8k_bench import answer_record, failure_kind, has_escape_slip, paired_bootstrap, paired_differences, wilson  # noqa: E402
+from gsm8k_bench import answer_record, counts_a_name_up, failure_kind, has_escape_slip, paired_bootstrap, paired_differences, wilson  # noqa: E402
 
 from rstar.server.tool_calls import decode_tool_call  # noqa: E402
 
@@ -84,3 +84,15 @@ def slipped_cell(code_json: str) -> dict:
 ])
 def test_the_escape_slip_is_told_from_a_program_s_own_backslashes(code_json, slipped):
     assert has_escape_slip(sample(0.0, [slipped_cell(code_json)])) is slipped
+
+
+def test_an_answer_that_counts_one_name_up_is_told_from_a_program_that_numbers_a_few():
+    loop = "\n".join(f"eggs_{n} = eggs_{n - 1} + 2" for n in range(2, 40))
+    assert counts_a_name_up(sample(0.0, [{"code": loop, "status": "ok", "stdout": ""}]))
+    no_call = sample(0.0, [])
+    no_call.trajectory["response"]["choices"][0]["message"]["content"] = loop  # the loop in the text, no cell ran
+    assert counts_a_name_up(no_call)
+    few = "pounds = 6\npounds_2 = pounds + 2\npounds_3 = pounds_2 * 2\nprint(pounds_3)"
+    assert not counts_a_name_up(sample(1.0, [{"code": few, "status": "ok", "stdout": "16"}]))
+    spread = "\n".join(f"{name}_{n} = 1" for name in ("a", "b") for n in range(2, 6))  # 4 numbers each, two stems
+    assert not counts_a_name_up(sample(0.0, [{"code": spread, "status": "ok", "stdout": ""}]))
