@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import itertools
 import keyword
 import operator
 import re
@@ -109,25 +110,25 @@ def rounding_of(stated: str) -> Fraction:
 
 def step_name(line: str, start: int, end: int, taken: set[str]) -> str:
     """A variable name for the annotation at line[start:end]: what the words after its result say it counts,
-    else the words before it; made a unique identifier."""
+    else the words before it; made a unique identifier. A name an earlier step took is told apart by the nearest
+    words before this step (`weight`, then `beans_weight`), and numbered only when those do not tell it apart:
+    the answers that loop until their tokens run out count a numbered name up (`eggs_122 = eggs_122 + 2`)."""
     def words(text: str) -> list[str]:
         return [w for w in re.findall(r"[a-z]+", re.sub(r"'s\b", "", text.lower())) if w not in FILLER]
 
+    def identifier(chosen: list[str]) -> str:
+        name = "_".join(chosen) or "step"
+        return name + "_value" if keyword.iskeyword(name) or hasattr(builtins, name) else name
+
+    before = line[:start]
+    before = before[: before.rfind("=")] if "=" in before else before
+    before_words = words(re.sub(r"(?:[\d.,$%*/+×()\s-]|\bx\b)+$", "", before))  # without the expression written out
     after = re.match(r"[\d.,%]*\s*(.*?)(?:[.,;:!?(]|$)", line[end:]).group(1)
-    chosen = words(after)[:MAX_NAME_WORDS]
-    if not chosen:
-        before = line[:start]
-        before = before[: before.rfind("=")] if "=" in before else before
-        before = re.sub(r"(?:[\d.,$%*/+×()\s-]|\bx\b)+$", "", before)  # the expression written out before its annotation
-        chosen = words(before)[-MAX_NAME_WORDS:]
-    name = "_".join(chosen) or "step"
-    if keyword.iskeyword(name) or hasattr(builtins, name):
-        name += "_value"
-    unique, n = name, 1
-    while unique in taken:
-        n += 1
-        unique = f"{name}_{n}"
-    return unique
+    counted = words(after)[:MAX_NAME_WORDS] or before_words[-MAX_NAME_WORDS:]
+    qualifiers = [w for w in reversed(before_words) if w not in counted]
+    candidates = [identifier(counted), *(identifier(qualifiers[:n][::-1] + counted) for n in (1, 2))]
+    numbered = (f"{candidates[0]}_{n}" for n in itertools.count(2))
+    return next(name for name in itertools.chain(candidates, numbered) if name not in taken)
 
 
 def written_arithmetic(text: str) -> str:
