@@ -16,7 +16,8 @@ against `default`); for a tool-using model, its misses by kind:
 
 Counted across those kinds: misses with the escape slip, a newline before a name written as `\\b`, `\\f` or `\\c`
 inside the call's JSON (`\\bolts` decodes to backspace + `olts`, a cell that cannot run; `\\c` does not decode), and
-answers that count one name up (`eggs_2`, `eggs_3`, ... `eggs_122`) until their tokens run out.
+answers that count one name up (`eggs_2`, `eggs_3`, ... `eggs_122`) until their tokens run out, and answers that end
+by writing one stretch again and again (`years_years_years_...`).
 
 Goals (issue 27, for `default`): accuracy >= 10%, tool-call rate >= 95%.
 
@@ -54,6 +55,9 @@ EXAMPLES_PER_KIND = 3
 EXAMPLE_TEXT_CHARS = 400
 NUMBERED_NAME = re.compile(r"\b([A-Za-z_]\w*?)_(\d+)\b")
 COUNTED_UP = 8  # no GSM8K training program numbers one name more than 6 times
+REPEATED_AT_END = re.compile(r"(.{3,300}?)\1{3,}", re.DOTALL)  # one stretch written 4 or more times back to back
+REPETITION_MIN_CHARS = 40  # a long number's zeros repeat too
+REPETITION_TAIL_CHARS = 2000
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -119,6 +123,24 @@ def counts_a_name_up(sample: EvalSample) -> bool:
     return any(len(n) >= COUNTED_UP for n in numbers.values())
 
 
+def ends_in_repetition(sample: EvalSample) -> bool:
+    """The loop seen in v5's truncated answers, where names no longer count up: the answer ends by writing one
+    stretch of 3-300 characters 4 or more times back to back (`years_years_years_...`, a block of lines again and
+    again), with at most a part of it after. An answer that retries one failing cell with the same words each turn
+    ends this way too; the misses by kind tell the two apart."""
+    message = message_of(sample)
+    tail = ((message.get("reasoning_content") or "") + (message.get("content") or ""))[-REPETITION_TAIL_CHARS:]
+    return any(len(run.group(0)) >= REPETITION_MIN_CHARS and len(tail) - run.end() <= len(run.group(1))
+               for run in REPEATED_AT_END.finditer(tail))
+
+
+def loop_counts(samples: list[EvalSample], kinds: dict[str, str], in_loop) -> dict:
+    """How many answers `in_loop` marks, how many of those were truncated, and how many of each kind of miss."""
+    marked = {s.doc_id for s in samples if in_loop(s)}
+    return {"answers": len(marked), "truncated": sum(s.doc_id in marked and bool(s.grade.get("truncated")) for s in samples),
+            "misses_by_kind": {kind: sum(k == kind and d in marked for d, k in kinds.items()) for kind in FAILURE_KINDS}}
+
+
 def text_end(message: dict) -> str:
     """The last characters of an answer's reasoning and content: where it stopped, and why."""
     return ((message.get("reasoning_content") or "") + (message.get("content") or ""))[-EXAMPLE_TEXT_CHARS:]
@@ -176,10 +198,8 @@ def run_harness(model: str, template: str, limit: int | None, data_dir: Path, co
         kinds = {s.doc_id: failure_kind(s) for s in samples}
         result["misses_by_kind"] = {kind: sum(k == kind for k in kinds.values()) for kind in FAILURE_KINDS}
         result["escape_slip_misses_by_kind"] = {kind: sum(kinds[s.doc_id] == kind and has_escape_slip(s) for s in samples) for kind in FAILURE_KINDS}
-        counted_up = {s.doc_id for s in samples if counts_a_name_up(s)}
-        result["counted_up_name"] = {
-            "answers": len(counted_up), "truncated": sum(s.doc_id in counted_up and bool(s.grade.get("truncated")) for s in samples),
-            "misses_by_kind": {kind: sum(k == kind and d in counted_up for d, k in kinds.items()) for kind in FAILURE_KINDS}}
+        result["counted_up_name"] = loop_counts(samples, kinds, counts_a_name_up)
+        result["ends_in_repetition"] = loop_counts(samples, kinds, ends_in_repetition)
         result["miss_examples"] = {
             kind: [{"doc_id": s.doc_id, "gold": s.grade["gold"], "predicted": s.grade.get("predicted"),
                     "code": [c.get("code") for c in cells_of(s)], "stdout": [c.get("stdout") for c in cells_of(s)],

@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from gsm8k_bench import answer_record, counts_a_name_up, failure_kind, has_escape_slip, paired_bootstrap, paired_differences, wilson  # noqa: E402
+from gsm8k_bench import answer_record, counts_a_name_up, ends_in_repetition, failure_kind, has_escape_slip, paired_bootstrap, paired_differences, wilson  # noqa: E402
 
 from rstar.server.tool_calls import decode_tool_call  # noqa: E402
 
@@ -96,3 +96,20 @@ def test_an_answer_that_counts_one_name_up_is_told_from_a_program_that_numbers_a
     assert not counts_a_name_up(sample(1.0, [{"code": few, "status": "ok", "stdout": "16"}]))
     spread = "\n".join(f"{name}_{n} = 1" for name in ("a", "b") for n in range(2, 6))  # 4 numbers each, two stems
     assert not counts_a_name_up(sample(0.0, [{"code": spread, "status": "ok", "stdout": ""}]))
+
+
+def answer_ending(text: str) -> SimpleNamespace:
+    answer = sample(0.0, [])
+    answer.trajectory["response"]["choices"][0]["message"]["content"] = text
+    return answer
+
+
+def test_an_answer_that_ends_writing_one_stretch_again_is_told_from_one_that_repeats_and_moves_on():
+    opening = "I will name each step.\n<tool_call>{\"name\": \"python\", \"arguments\": {\"code\": \"trees = 3\\n"
+    assert ends_in_repetition(answer_ending(opening + "years_" * 200 + "yea"))  # cut off inside the stretch
+    block = "years_a_champ = 20 * 20\\nyears_a_champ_a_champ = 20 * 20\\n"
+    assert ends_in_repetition(answer_ending(opening + block * 12))
+    assert not ends_in_repetition(answer_ending(opening + block * 3))  # three times is a program, not a loop
+    moved_on = opening + block * 6 + "print(trees)\"}}</tool_call>\nThe result is 3, so the answer is \\boxed{3}."
+    assert not ends_in_repetition(answer_ending(moved_on))
+    assert not ends_in_repetition(answer_ending("The answer is \\boxed{1000000000000}."))  # a long number is no loop
