@@ -55,7 +55,7 @@ EXAMPLES_PER_KIND = 3
 EXAMPLE_TEXT_CHARS = 400
 NUMBERED_NAME = re.compile(r"\b([A-Za-z_]\w*?)_(\d+)\b")
 COUNTED_UP = 8  # no GSM8K training program numbers one name more than 6 times
-REPEATED_AT_END = re.compile(r"(.{3,300}?)\1{3,}", re.DOTALL)  # one stretch written 4 or more times back to back
+REPEATED_STRETCH = re.compile(r"(.{3,300}?)\1{3,}", re.DOTALL)  # one stretch written 4 or more times back to back
 REPETITION_MIN_CHARS = 40  # a long number's zeros repeat too
 REPETITION_TAIL_CHARS = 2000
 
@@ -128,10 +128,9 @@ def ends_in_repetition(sample: EvalSample) -> bool:
     stretch of 3-300 characters 4 or more times back to back (`years_years_years_...`, a block of lines again and
     again), with at most a part of it after. An answer that retries one failing cell with the same words each turn
     ends this way too; the misses by kind tell the two apart."""
-    message = message_of(sample)
-    tail = ((message.get("reasoning_content") or "") + (message.get("content") or ""))[-REPETITION_TAIL_CHARS:]
+    tail = text_end(message_of(sample), REPETITION_TAIL_CHARS)
     return any(len(run.group(0)) >= REPETITION_MIN_CHARS and len(tail) - run.end() <= len(run.group(1))
-               for run in REPEATED_AT_END.finditer(tail))
+               for run in REPEATED_STRETCH.finditer(tail))
 
 
 def loop_counts(samples: list[EvalSample], kinds: dict[str, str], in_loop) -> dict:
@@ -141,9 +140,9 @@ def loop_counts(samples: list[EvalSample], kinds: dict[str, str], in_loop) -> di
             "misses_by_kind": {kind: sum(k == kind and d in marked for d, k in kinds.items()) for kind in FAILURE_KINDS}}
 
 
-def text_end(message: dict) -> str:
+def text_end(message: dict, chars: int = EXAMPLE_TEXT_CHARS) -> str:
     """The last characters of an answer's reasoning and content: where it stopped, and why."""
-    return ((message.get("reasoning_content") or "") + (message.get("content") or ""))[-EXAMPLE_TEXT_CHARS:]
+    return ((message.get("reasoning_content") or "") + (message.get("content") or ""))[-chars:]
 
 
 def answer_record(sample: EvalSample) -> dict:

@@ -86,22 +86,21 @@ def test_the_escape_slip_is_told_from_a_program_s_own_backslashes(code_json, sli
     assert has_escape_slip(sample(0.0, [slipped_cell(code_json)])) is slipped
 
 
+def answer_ending(text: str) -> SimpleNamespace:
+    """An answer whose text is `text` and in which no cell ran."""
+    answer = sample(0.0, [])
+    answer.trajectory["response"]["choices"][0]["message"]["content"] = text
+    return answer
+
+
 def test_an_answer_that_counts_one_name_up_is_told_from_a_program_that_numbers_a_few():
     loop = "\n".join(f"eggs_{n} = eggs_{n - 1} + 2" for n in range(2, 40))
     assert counts_a_name_up(sample(0.0, [{"code": loop, "status": "ok", "stdout": ""}]))
-    no_call = sample(0.0, [])
-    no_call.trajectory["response"]["choices"][0]["message"]["content"] = loop  # the loop in the text, no cell ran
-    assert counts_a_name_up(no_call)
+    assert counts_a_name_up(answer_ending(loop))  # the loop in the text, no cell ran
     few = "pounds = 6\npounds_2 = pounds + 2\npounds_3 = pounds_2 * 2\nprint(pounds_3)"
     assert not counts_a_name_up(sample(1.0, [{"code": few, "status": "ok", "stdout": "16"}]))
     spread = "\n".join(f"{name}_{n} = 1" for name in ("a", "b") for n in range(2, 6))  # 4 numbers each, two stems
     assert not counts_a_name_up(sample(0.0, [{"code": spread, "status": "ok", "stdout": ""}]))
-
-
-def answer_ending(text: str) -> SimpleNamespace:
-    answer = sample(0.0, [])
-    answer.trajectory["response"]["choices"][0]["message"]["content"] = text
-    return answer
 
 
 def test_an_answer_that_ends_writing_one_stretch_again_is_told_from_one_that_repeats_and_moves_on():
