@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import weakref
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
 # How long each open page took to load here (tests/e2e/conftest.py's new_page measures it).
 _LOAD_S: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -37,7 +39,19 @@ def answer_signal(page) -> str:
 
 def wait_for_answer(page, before: str, timeout_s: float = 300) -> str:
     """Wait until the answer sent after the signal read `before` has ended; returns how ("done" or "stopped").
-    The default is sized for a real engine's answer; a stop's end is the page's alone (`patience_s`)."""
+
+    The answer must start within the page's patience (its first update sets the signal before any model call),
+    so a send the page never acted on fails at once and says what the page showed, rather than after the whole
+    answer's deadline. The end's default is sized for a real engine's answer; a stop's end is the page's alone
+    (`patience_s`)."""
+    try:
+        page.wait_for_function(
+            "(before) => document.querySelector('#answer-state').textContent.trim() !== before",
+            arg=before,
+            timeout=patience_s(page) * 1000,
+        )
+    except PlaywrightTimeout:
+        raise AssertionError(f"the send started no answer in {patience_s(page):.0f} s; {page_state(page)}") from None
     page.wait_for_function(
         """(before) => {
             const signal = document.querySelector('#answer-state').textContent.trim();
@@ -47,6 +61,15 @@ def wait_for_answer(page, before: str, timeout_s: float = 300) -> str:
         timeout=timeout_s * 1000,
     )
     return answer_signal(page).split()[-1]
+
+
+def page_state(page) -> str:
+    """What a failed wait found on the chat page: the end-of-answer signal, the input box, the status lines."""
+    return (
+        f"signal {answer_signal(page)!r}, input box {page.input_value('#chat-input textarea')!r}, "
+        f"server status {page.locator('#server-status').inner_text()!r}, Gradio error shown: {error_shown(page)}, "
+        f"chat {messages_text(page)[-300:]!r}"
+    )
 
 
 def ask_and_wait(page, question: str) -> str:

@@ -79,6 +79,9 @@ def new_page(browser, request):
         started = time.monotonic()
         page.goto(url, timeout=120_000)
         page.wait_for_selector("#chat-input textarea", timeout=120_000)
+        # The page's load events have run once the status line reads (connected, or what is wrong): a test
+        # acts on the page as a person does, after it says it is there, not the moment its input shows.
+        page.wait_for_function("document.querySelector('#server-status')?.innerText.trim().length > 0", timeout=120_000)
         loaded_in(page, time.monotonic() - started)
         page.set_default_timeout(patience_s(page) * 1000)
         return page
