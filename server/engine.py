@@ -52,6 +52,9 @@ class SamplingOptions:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1 = off
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -354,6 +357,9 @@ class VllmEngine:
             temperature=options.temperature,
             top_p=options.top_p,
             top_k=options.top_k,
+            presence_penalty=options.presence_penalty,
+            frequency_penalty=options.frequency_penalty,
+            repetition_penalty=options.repetition_penalty,
             seed=options.seed,
             stop=list(options.stop) or None,
             stop_token_ids=list(options.stop_token_ids) or None,

@@ -31,11 +31,17 @@ class SamplingFields(_Request):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1, description="vLLM extension; 0 or -1 = off")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0, description="vLLM extension; 1 = off, above 1 discourages repeating prompt or answer tokens")
     seed: int | None = None
 
     def sampling_options(self, max_tokens: int) -> SamplingOptions:
         """What one generation of this request samples, at most `max_tokens` tokens."""
-        return SamplingOptions(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), seed=self.seed)
+        return SamplingOptions(
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), seed=self.seed,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+        )
 
 
 # The engine checks every stop string against the text after each token, and holds back as many characters as

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 
 import psutil
@@ -90,6 +91,19 @@ def test_input_the_engine_refuses_is_a_value_error_before_any_delta(engine, loop
         loop_thread.run(collect(engine, outside_vocabulary, GREEDY))
     assert engine.stats().unfinished == 0
     assert len([t for d in loop_thread.run(collect(engine, prompt_ids, GREEDY)) for t in d.token_ids]) == 12
+
+
+def test_penalties_reach_vllm_and_cut_repetition(engine, loop_thread, prompt_ids):
+    def most_repeated(options: SamplingOptions) -> tuple[list[int], int]:
+        ids = [t for d in loop_thread.run(collect(engine, prompt_ids, options)) for t in d.token_ids]
+        return ids, max(ids.count(t) for t in ids)
+
+    plain = SamplingOptions(max_tokens=96, temperature=0.0, ignore_eos=True)
+    plain_ids, plain_most = most_repeated(plain)
+    penalised_ids, penalised_most = most_repeated(dataclasses.replace(plain, frequency_penalty=2.0))
+    assert penalised_ids != plain_ids and penalised_most < plain_most, (plain_most, penalised_most)
+    assert most_repeated(dataclasses.replace(plain, repetition_penalty=1.5))[0] != plain_ids
+    assert most_repeated(dataclasses.replace(plain, presence_penalty=2.0))[0] != plain_ids
 
 
 def test_stats_report_running_requests_and_kv_usage(engine, loop_thread, prompt_ids):

@@ -200,7 +200,7 @@ def test_tokenize_renders_the_prompt_a_chat_request_with_the_same_body_sends(mak
 
 def test_each_endpoint_hands_its_sampling_fields_to_the_engine(make_server):
     _, http, engine, _ = make_server()
-    knobs = {"temperature": 0.6, "top_p": 0.9, "top_k": -1, "seed": 5}
+    knobs = {"temperature": 0.6, "top_p": 0.9, "top_k": -1, "seed": 5, "presence_penalty": 0.2, "frequency_penalty": 0.3, "repetition_penalty": 1.1}
     assert http.post("/v1/chat/completions", json={"model": "scripted", "messages": QUESTION, "n": 2, "stop": "END", **knobs}).status_code == 200
     assert http.post("/v1/responses", json={"model": "scripted", "input": "hi", **knobs, "top_k": 3}).status_code == 200
     completion = {"model": "scripted", "prompt": "hi", "max_tokens": 4, "stop": ["a", "b"], "stop_token_ids": [7], "logprobs": 2, "ignore_eos": True}
@@ -213,6 +213,17 @@ def test_each_endpoint_hands_its_sampling_fields_to_the_engine(make_server):
         (0.6, 0.9, 0, 5, ("a", "b"), 2, True),
     ]
     assert (engine.sampling[-1].max_tokens, engine.sampling[-1].stop_token_ids) == (4, (7,))
+    assert {(o.presence_penalty, o.frequency_penalty, o.repetition_penalty) for o in engine.sampling} == {(0.2, 0.3, 1.1)}
+
+
+@pytest.mark.parametrize("field, value", [("frequency_penalty", 2.5), ("presence_penalty", -3), ("repetition_penalty", 0), ("repetition_penalty", 3)])
+def test_a_penalty_out_of_its_range_is_a_400_naming_it(make_server, field, value):
+    # OpenAI's range for the two OpenAI penalties; vLLM's repetition penalty divides a logit, so it must be positive,
+    # and past 2 it stops a model from repeating even the question's numbers.
+    _, http, engine, _ = make_server()
+    reply = http.post("/v1/chat/completions", json={"model": "scripted", "messages": QUESTION, field: value})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == field, reply.text
+    assert engine.sampling == []
 
 
 def test_token_ids_outside_the_vocabulary_are_the_clients_error(make_server):
