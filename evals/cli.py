@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rstar.config import load_settings
-from rstar.evals.registry import NATIVE_TEMPLATE, RSTAR_TEMPLATE
+from rstar.evals.registry import NATIVE_TEMPLATE, RSTAR_TEMPLATE, SAMPLING_DEFAULTS
 
 app = typer.Typer(no_args_is_help=True, help="Benchmarks: AIME24/25, HMMT25, MATH-500, GPQA-Diamond, IFEval, BFCL v3.")
 console = Console(stderr=True)
@@ -84,7 +84,7 @@ def resume_conflicts(config: dict, suite: list[str] | None, overrides: dict[str,
     if suite is not None and sorted(suite) != sorted(config["benchmarks"]):
         conflicts.append(f"--suite {','.join(suite)} (run has {','.join(config['benchmarks'])})")
     for key, value in overrides.items():
-        stored = {name: sampling[key] for name, sampling in config["benchmarks"].items()}
+        stored = {name: {**SAMPLING_DEFAULTS, **sampling}[key] for name, sampling in config["benchmarks"].items()}
         if value is not None and any(v != value for v in stored.values()):
             conflicts.append(f"--{key.replace('_', '-')} {value} (run has {stored})")
     for key, value in run_options.items():
@@ -160,6 +160,8 @@ def run_command(
     temperature: Annotated[Optional[float], typer.Option(min=0.0, help="[default: 0.6 math/GPQA, 0 IFEval/BFCL]")] = None,
     top_p: Annotated[Optional[float], typer.Option(min=0.0, max=1.0, help="[default: 1.0]")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Tokens per answer, tool output included. [default: 30720 math/GPQA]")] = None,
+    frequency_penalty: Annotated[Optional[float], typer.Option(min=-2.0, max=2.0, help="OpenAI's: lowers a token's logit by this much per time the answer has already written it. [default: 0]")] = None,
+    repetition_penalty: Annotated[Optional[float], typer.Option(min=0.01, max=2.0, help="vLLM's: divides a positive logit (multiplies a negative one) of any token already in the prompt or answer; 1 = off. [default: 1]")] = None,
     max_turns: Annotated[Optional[int], typer.Option(min=1, help="Assistant turns per answer (BFCL multi-turn: steps per user turn). [default: 30]")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Samples in flight at once.")] = 16,
     limit: Annotated[Optional[int], typer.Option(min=1, help="Only the first N questions of each benchmark (of each category for BFCL).")] = None,
@@ -183,7 +185,10 @@ def run_command(
 
     settings = load_settings(model=model if endpoint is None else None, api_key=api_key, database_url=database_url)
     store = RunStore(open_database(settings.resolved_database_url))
-    overrides = {"samples": samples, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "max_turns": max_turns, "template": template}
+    overrides = {
+        "samples": samples, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "max_turns": max_turns, "template": template,
+        "frequency_penalty": frequency_penalty, "repetition_penalty": repetition_penalty,
+    }
     if template is not None and template not in (RSTAR_TEMPLATE, NATIVE_TEMPLATE):
         raise _fail(f"--template: {template!r} is not a template choice; use {RSTAR_TEMPLATE} or {NATIVE_TEMPLATE}")
     from rstar.evals.answers import extraction_error

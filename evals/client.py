@@ -35,6 +35,8 @@ class GenerationParams:
     max_turns: int  # assistant turns per answer (rStar template), or model steps per user turn (BFCL multi-turn)
     seed: int | None = None
     tool_timeout: float | None = None
+    frequency_penalty: float = 0.0  # OpenAI's; every OpenAI-compatible server takes it
+    repetition_penalty: float = 1.0  # vLLM's extension, 1 = off: sent only when set
 
 
 @dataclass
@@ -237,6 +239,10 @@ class HttpChatClient:
         }
         if params.seed is not None:
             body["seed"] = params.seed
+        if params.frequency_penalty:
+            body["frequency_penalty"] = params.frequency_penalty
+        if params.repetition_penalty != 1.0:
+            body["repetition_penalty"] = params.repetition_penalty
         if tools:
             body["tools"] = tools
         if not self.rstar_server:
@@ -352,7 +358,10 @@ class InProcessChatClient:
             logprobs=False,
             tools=ToolSettings.of_protocol(default_tool_protocol(self.engine.model_name)),
         )
-        sampling = SamplingOptions(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p, seed=params.seed)
+        sampling = SamplingOptions(
+            max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+            frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
+        )
         template = self.template(params.template)
         # `tool_timeout` bounds each execution as the server's does; it needs a SandboxExecutor (with_timeout).
         executor = self.executor if params.tool_timeout is None else self.executor.with_timeout(params.tool_timeout)

@@ -26,6 +26,11 @@ RSTAR_TEMPLATE = "rstar"  # rStar2-Agent's system prompt + answer instruction, p
 NATIVE_TEMPLATE = "native"  # the benchmark's own prompt as given, no added instruction, no python tool
 
 
+# Knobs the paper gives no value for, the same for every benchmark: vLLM's and OpenAI's defaults (no penalty).
+# A run stored before a knob existed sampled with its default.
+SAMPLING_DEFAULTS = {"top_p": 1.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Generation defaults for a benchmark (rStar2-Agent paper §5.1 unless noted at the entry)."""

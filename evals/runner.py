@@ -30,15 +30,14 @@ from sqlalchemy.orm import sessionmaker
 
 from rstar.evals.answers import PAPER_EXTRACTION, answer_view
 from rstar.evals.client import ChatClient, FatalRequestError, GenerationParams, Sample, generate
-from rstar.evals.registry import Benchmark, Doc, Grade, get_benchmark
+from rstar.evals.registry import SAMPLING_DEFAULTS, Benchmark, Doc, Grade, get_benchmark
 from rstar.server.db import EvalRun, EvalSample
 from rstar.server.trajectory import cut_off
 
 log = logging.getLogger("rstar.evals")
 
 # Sampling knobs a run may override; anything not given comes from the benchmark's paper defaults.
-SAMPLING_KEYS = ("temperature", "top_p", "samples", "max_turns", "max_tokens", "template")
-DEFAULT_TOP_P = 1.0  # the paper gives none; vLLM's and OpenAI's default
+SAMPLING_KEYS = ("temperature", "top_p", "samples", "max_turns", "max_tokens", "template", "frequency_penalty", "repetition_penalty")
 
 
 # ------------------------------------------------------------------------------------------------ plan
@@ -52,7 +51,7 @@ def plan(suite: Iterable[str], overrides: dict[str, Any]) -> dict[str, dict[str,
     planned = {}
     for name in suite:
         bench = get_benchmark(name)
-        settings = {**asdict(bench.sampling), "top_p": DEFAULT_TOP_P}
+        settings = {**SAMPLING_DEFAULTS, **asdict(bench.sampling)}
         settings.update({key: value for key, value in overrides.items() if key in SAMPLING_KEYS and value is not None})
         planned[bench.name] = {key: settings[key] for key in SAMPLING_KEYS}
         if bench.sampling.reasoning_max_tokens and overrides.get("max_tokens") is None:
@@ -276,7 +275,8 @@ async def execute(
     queue: asyncio.Queue[_Work] = asyncio.Queue()
     expected: dict[str, int] = {}
     skipped = 0
-    for name, sampling in config["benchmarks"].items():
+    for name, stored in config["benchmarks"].items():
+        sampling = {**SAMPLING_DEFAULTS, **stored}
         bench = get_benchmark(name)
         selected = select_docs(docs[name] if docs is not None else bench.load(data_dir), config.get("limit"))
         done = store.done(run.id, name)  # before any worker starts: nothing else waits on the loop yet
@@ -290,6 +290,8 @@ async def execute(
                 template=sampling["template"],
                 temperature=sampling["temperature"],
                 top_p=sampling["top_p"],
+                frequency_penalty=sampling["frequency_penalty"],
+                repetition_penalty=sampling["repetition_penalty"],
                 max_tokens=sampling["max_tokens"],
                 max_turns=sampling["max_turns"],
                 seed=sample_seed(config.get("seed", 0), name, doc["id"], index),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -60,7 +61,7 @@ def test_rstar_template_asks_the_server_to_run_its_tool_loop():
     assert auth == "Bearer k"
     assert (body["builtin_tools"], body["max_turns"], body["seed"], body["top_p"], body["max_tokens"]) == (True, 5, 7, 0.95, 256)
     assert body["chat_template"] == "rstar"
-    assert "tools" not in body
+    assert "tools" not in body and "frequency_penalty" not in body and "repetition_penalty" not in body  # off: not sent
     assert sample.response == "<answer>\\boxed{2}</answer>"
     assert (sample.num_turns, sample.num_tool_calls, sample.prompt_tokens, sample.completion_tokens) == (2, 1, 11, 5)
     # stored in the Trajectory shape readers (the UI) know, the response kept whole
@@ -68,6 +69,21 @@ def test_rstar_template_asks_the_server_to_run_its_tool_loop():
     assert [(turn["text"], turn["finish_reason"]) for turn in trajectory["turns"]] == [("<reason>think</reason><answer>\\boxed{2}</answer>", "stop")]
     assert (trajectory["tool_calls"][0]["exec_status"], trajectory["tool_calls"][0]["stdout"], trajectory["tool_calls"][0]["arguments"]) == ("ok", "2\n", {"code": "print(2)"})
     assert trajectory["response"]["usage"]["prompt_tokens"] == 11
+
+
+def test_penalties_reach_the_server_and_the_in_process_engine(default_tokenizer):
+    penalised = replace(RSTAR, frequency_penalty=0.4, repetition_penalty=1.1)
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json=answer({"content": "<answer>\\boxed{2}</answer>"}))
+
+    asyncio.run(generate(mock_client(handler), Prompt(messages=[{"role": "user", "content": "1+1?"}]), penalised))
+    assert (seen[0]["frequency_penalty"], seen[0]["repetition_penalty"]) == (0.4, 1.1)
+    engine = ScriptedEngine(default_tokenizer, ["It is 2.</reason>\n<answer>\\boxed{2}</answer>"])
+    asyncio.run(InProcessChatClient(engine, ScriptedSandbox().executor()).complete([{"role": "user", "content": "1+1?"}], None, penalised))
+    assert (engine.sampling[0].frequency_penalty, engine.sampling[0].repetition_penalty) == (0.4, 1.1)
 
 
 def test_native_template_declares_client_tools_and_returns_the_calls():

@@ -69,8 +69,11 @@ def stored_keys(store, run_id):
 def test_plan_applies_overrides_over_paper_defaults():
     planned = plan(["hmmt25", "ifeval"], {"samples": 4, "max_tokens": None})
     assert set(planned) == {"hmmt_feb_2025", "ifeval"}  # the short name resolves
-    assert planned["hmmt_feb_2025"] == {"temperature": 0.6, "top_p": 1.0, "samples": 4, "max_turns": 30, "max_tokens": 30720, "template": "rstar"}
+    assert planned["hmmt_feb_2025"] == {"temperature": 0.6, "top_p": 1.0, "samples": 4, "max_turns": 30, "max_tokens": 30720, "template": "rstar",
+                                        "frequency_penalty": 0.0, "repetition_penalty": 1.0}
     assert planned["ifeval"]["temperature"] == 0.0 and planned["ifeval"]["samples"] == 4 and planned["ifeval"]["template"] == "native"
+    penalised = plan(["gsm8k"], {"frequency_penalty": 0.5, "repetition_penalty": None})["gsm8k"]
+    assert (penalised["frequency_penalty"], penalised["repetition_penalty"]) == (0.5, 1.0)
 
 
 def test_limit_takes_the_first_docs_of_each_category():
@@ -202,6 +205,13 @@ def test_resume_refuses_flags_that_change_the_run():
     conflicts = resume_conflicts(config, ["aime24"], {"temperature": 0.6}, {"limit": 6})
     assert len(conflicts) == 3  # suite, temperature (ifeval has 0) and limit
     assert any(c.startswith("--temperature 0.6") for c in conflicts) and any(c.startswith("--limit 6") for c in conflicts)
+    # A run stored before the penalties existed sampled without them: resuming it with none given, or with the
+    # default, is no conflict; a penalty it did not use is.
+    for sampling in config["benchmarks"].values():
+        del sampling["frequency_penalty"], sampling["repetition_penalty"]
+    assert resume_conflicts(config, None, {"frequency_penalty": None, "repetition_penalty": 1.0}, {}) == []
+    assert resume_conflicts(config, None, {"frequency_penalty": 0.5}, {}) == [
+        "--frequency-penalty 0.5 (run has {'aime24': 0.0, 'ifeval': 0.0})"]
 
 
 def test_difference_and_its_z_score():
