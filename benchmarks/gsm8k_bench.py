@@ -21,6 +21,9 @@ by writing one stretch again and again (`years_years_years_...`).
 
 Goals (issue 27, for `default`): accuracy >= 10%, tool-call rate >= 95%.
 
+An arm may also set a decoding penalty of `rstar eval run` (`default:rstar::repetition_penalty=1.1`): the same model
+with and without it is then a paired comparison on the same problems.
+
     python benchmarks/gsm8k_bench.py [--limit N] [--models smollm2-135m-instruct:native:300,default:rstar] [--out FILE.json]
 """
 
@@ -49,7 +52,8 @@ from rstar.evals.gsm8k import stated_number  # noqa: E402
 from rstar.server.db import EvalSample, open_database  # noqa: E402
 from served import served  # noqa: E402  (it starts servers with tests/processes.py)
 
-DEFAULT_MODELS = "smollm2-135m-instruct:native:300,default:rstar"  # the base, near 0%, is bounded well enough by 300 answers, and each can run to 2048 tokens
+DEFAULT_MODELS = "smollm2-135m-instruct:native:300,default:rstar"
+PENALTIES = ("frequency_penalty", "repetition_penalty")  # the `rstar eval run` flags an arm may set  # the base, near 0%, is bounded well enough by 300 answers, and each can run to 2048 tokens
 FAILURE_KINDS = ("no call", "failing cell", "wrong program", "right program, wrong answer")
 EXAMPLES_PER_KIND = 3
 EXAMPLE_TEXT_CHARS = 400
@@ -152,6 +156,20 @@ def answer_record(sample: EvalSample) -> dict:
             "cells": len(cells), "cell_errors": sum(cell.get("status") != "ok" for cell in cells)}
 
 
+def parse_arm(spec: str, limit_of_all: int | None = None) -> dict:
+    """One --models entry, MODEL[:TEMPLATE[:LIMIT[:PENALTY=VALUE...]]], as the arm it runs (LIMIT, else --limit's);
+    `arm` names it in the report."""
+    model, template, limit, *settings = (spec.strip().split(":") + ["", ""])
+    penalties = {}
+    for setting in filter(None, settings):
+        key, _, value = setting.partition("=")
+        if key not in PENALTIES:
+            raise SystemExit(f"gsm8k_bench: --models {spec!r}: {key!r} is not one of {', '.join(PENALTIES)}")
+        penalties[key] = float(value)
+    return {"arm": " ".join([model, *(f"{k}={v:g}" for k, v in penalties.items())]), "model": model,
+            "template": template or "rstar", "limit": int(limit) if limit else limit_of_all, "penalties": penalties}
+
+
 def paired_differences(results: list[dict]) -> list[dict]:
     """Each tool-using model against each model on its native template, and each later tool-using model against the
     first (two deltas side by side), on the problems both answered."""
@@ -161,14 +179,15 @@ def paired_differences(results: list[dict]) -> list[dict]:
     for better, than in [*((t, n) for t in tooled for n in native), *((t, tooled[0]) for t in tooled[1:])]:
         shared = sorted(set(than["scores"]) & set(better["scores"]))
         differences = [better["scores"][d] - than["scores"][d] for d in shared]
-        pairs.append({"better": better["model"], "than": than["model"], "problems": len(shared),
+        pairs.append({"better": better["arm"], "than": than["arm"], "problems": len(shared),
                       "difference": statistics.fmean(differences), "difference_95": paired_bootstrap(differences)})
     return pairs
 
 
-def run_harness(model: str, template: str, limit: int | None, data_dir: Path, concurrency: int, work: Path, run_id: str) -> dict:
-    """`model` served by `rstar serve` and asked GSM8K test (its first `limit` problems) by `rstar eval run`; the figures
-    read back from the harness's database, with one record per problem in `answers`, sorted by doc_id."""
+def run_harness(arm: dict, data_dir: Path, concurrency: int, work: Path, run_id: str) -> dict:
+    """The arm's model served by `rstar serve` and asked GSM8K test (its first `limit` problems) by `rstar eval run`;
+    the figures read back from the harness's database, with one record per problem in `answers`, sorted by doc_id."""
+    model, template, limit = arm["model"], arm["template"], arm["limit"]
     database_url = f"sqlite:///{work / 'evals.db'}"
     with served(model, work) as server:
         command = [sys.executable, "-m", "rstar.cli", "eval", "run", "--suite", "gsm8k", "--endpoint", f"{server.base_url}/v1",
@@ -176,6 +195,8 @@ def run_harness(model: str, template: str, limit: int | None, data_dir: Path, co
                    "--run-id", run_id, "--database-url", database_url]
         if limit:
             command += ["--limit", str(limit)]
+        for key, value in arm["penalties"].items():
+            command += [f"--{key.replace('_', '-')}", str(value)]
         began = time.perf_counter()
         subprocess.run(command, check=True, env={**os.environ, "RSTAR_DATA_DIR": str(work / "eval-data")})
         wall = time.perf_counter() - began
@@ -184,7 +205,7 @@ def run_harness(model: str, template: str, limit: int | None, data_dir: Path, co
     right = sum(s.score > 0 for s in samples)
     uses_tool = template == "rstar"
     result = {
-        "model": model, "template": template, "run_id": run_id, "problems": len(samples),
+        "arm": arm["arm"], "model": model, "template": template, "penalties": arm["penalties"], "run_id": run_id, "problems": len(samples),
         "accuracy": right / len(samples), "accuracy_95": wilson(right, len(samples)),
         "tool_call_rate": sum(s.num_tool_calls > 0 for s in samples) / len(samples),
         "mean_completion_tokens": statistics.fmean(s.completion_tokens for s in samples),
@@ -216,7 +237,7 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, (scores, misses) = plt.subplots(1, 2, figsize=(9, 3.6))
-    labels = [f"{r['model']}\n({r['template']})" for r in results]
+    labels = [f"{r['arm']}\n({r['template']})" for r in results]
     accuracy = [100 * r["accuracy"] for r in results]
     errors = [[100 * (r["accuracy"] - r["accuracy_95"][0]) for r in results], [100 * (r["accuracy_95"][1] - r["accuracy"]) for r in results]]
     bars = scores.bar(labels, accuracy, yerr=errors, capsize=4, color="#4c72b0")
@@ -225,7 +246,7 @@ def plot(results: list[dict], path: Path) -> None:
     scores.set_title(f"{results[0]['problems']} problems, temperature 0", fontsize=9)
     tool_users = [r for r in results if "misses_by_kind" in r]
     for r in tool_users:
-        misses.barh(FAILURE_KINDS, [r["misses_by_kind"][k] for k in FAILURE_KINDS], alpha=0.8, label=r["model"])
+        misses.barh(FAILURE_KINDS, [r["misses_by_kind"][k] for k in FAILURE_KINDS], alpha=0.8, label=r["arm"])
     misses.set_xlabel("misses")
     misses.set_title("why the tool-using model missed", fontsize=9)
     if tool_users:
@@ -237,8 +258,9 @@ def plot(results: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=None, help="only the first N test problems (default: all 1,319)")
-    parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated MODEL[:TEMPLATE[:LIMIT]]: template rstar (default) or native, "
-                        "LIMIT this model's first N problems instead of --limit's (the paired difference counts the problems both answered)")
+    parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated MODEL[:TEMPLATE[:LIMIT[:PENALTY=VALUE...]]]: template rstar (default) or native, "
+                        "LIMIT this model's first N problems instead of --limit's (the paired difference counts the problems both answered), "
+                        f"PENALTY one of {', '.join(PENALTIES)}")
     parser.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gsm8k_bench.json"))
@@ -246,19 +268,16 @@ def main() -> None:
     began, load_before = time.perf_counter(), os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="gsm8k-bench-"))
     results = []
-    for index, spec in enumerate(args.models.split(",")):
-        model, template, limit = (spec.strip().split(":") + ["", ""])[:3]
-        template = template or "rstar"
-        print(f"serving {model} ({template} template) ...", flush=True)
-        result = run_harness(model, template, int(limit) if limit else args.limit, args.data_dir, args.concurrency, work,
-                             f"gsm8k-{index}-{template}")
+    for index, arm in enumerate(parse_arm(spec, args.limit) for spec in args.models.split(",")):
+        print(f"serving {arm['arm']} ({arm['template']} template) ...", flush=True)
+        result = run_harness(arm, args.data_dir, args.concurrency, work, f"gsm8k-{index}-{arm['template']}")
         low, high = result["accuracy_95"]
-        print(f"{model}: accuracy {result['accuracy']:.1%} (95% {low:.1%}-{high:.1%}), tool call {result['tool_call_rate']:.1%}, "
+        print(f"{arm['arm']}: accuracy {result['accuracy']:.1%} (95% {low:.1%}-{high:.1%}), tool call {result['tool_call_rate']:.1%}, "
               f"{result['problems']} problems in {result['wall_s']:.0f} s", flush=True)
         results.append(result)
 
     pairs = paired_differences(results)
-    default = next((r for r in results if r["model"] == "default"), None)
+    default = next((r for r in results if r["model"] == "default" and not r["penalties"]), None)  # as the suite decodes
     goals = [] if default is None else [
         goal("default: GSM8K test accuracy", round(default["accuracy"], 4), ">=", 0.10, "share"),
         goal("default: tool-call rate", round(default["tool_call_rate"], 4), ">=", 0.95, "share"),

@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from gsm8k_bench import answer_record, counts_a_name_up, ends_in_repetition, failure_kind, has_escape_slip, paired_bootstrap, paired_differences, wilson  # noqa: E402
+from gsm8k_bench import answer_record, counts_a_name_up, ends_in_repetition, failure_kind, has_escape_slip, paired_bootstrap, paired_differences, parse_arm, wilson  # noqa: E402
 
 from rstar.server.tool_calls import decode_tool_call  # noqa: E402
 
@@ -26,13 +26,24 @@ def test_wilson_bounds_a_zero_score_above_zero_and_holds_the_rate():
 
 
 def test_a_second_delta_is_paired_with_the_first_and_each_tool_user_with_the_base():
-    base = {"model": "base", "template": "native", "scores": {"0": 0.0, "1": 0.0}}
-    first = {"model": "default", "template": "rstar", "scores": {"0": 1.0, "1": 0.0, "2": 0.0}}
-    second = {"model": "/models/v5", "template": "rstar", "scores": {"0": 1.0, "1": 1.0, "2": 1.0}}
+    base = {"arm": "base", "template": "native", "scores": {"0": 0.0, "1": 0.0}}
+    first = {"arm": "default", "template": "rstar", "scores": {"0": 1.0, "1": 0.0, "2": 0.0}}
+    second = {"arm": "default repetition_penalty=1.1", "template": "rstar", "scores": {"0": 1.0, "1": 1.0, "2": 1.0}}
     pairs = paired_differences([base, first, second])
     assert [(p["better"], p["than"], p["problems"]) for p in pairs] == [
-        ("default", "base", 2), ("/models/v5", "base", 2), ("/models/v5", "default", 3)]
+        ("default", "base", 2), ("default repetition_penalty=1.1", "base", 2), ("default repetition_penalty=1.1", "default", 3)]
     assert [p["difference"] for p in pairs] == [0.5, 1.0, 2 / 3]  # on the problems both answered
+
+
+def test_an_arm_names_its_model_template_limit_and_penalties():
+    assert parse_arm("default", 700) == {"arm": "default", "model": "default", "template": "rstar", "limit": 700, "penalties": {}}
+    base = parse_arm("smollm2-135m-instruct:native:300", 700)
+    assert (base["template"], base["limit"]) == ("native", 300)
+    penalised = parse_arm("default:rstar::repetition_penalty=1.1:frequency_penalty=0.5")
+    assert penalised["arm"] == "default repetition_penalty=1.1 frequency_penalty=0.5" and penalised["limit"] is None
+    assert penalised["penalties"] == {"repetition_penalty": 1.1, "frequency_penalty": 0.5}
+    with pytest.raises(SystemExit, match="'top_k' is not one of frequency_penalty, repetition_penalty"):
+        parse_arm("default:rstar::top_k=3")
 
 
 def test_the_paired_interval_holds_the_mean_and_excludes_zero_only_when_the_data_do():
