@@ -52,8 +52,8 @@ from rstar.evals.gsm8k import stated_number  # noqa: E402
 from rstar.server.db import EvalSample, open_database  # noqa: E402
 from served import served  # noqa: E402  (it starts servers with tests/processes.py)
 
-DEFAULT_MODELS = "smollm2-135m-instruct:native:300,default:rstar"
-PENALTIES = ("frequency_penalty", "repetition_penalty")  # the `rstar eval run` flags an arm may set  # the base, near 0%, is bounded well enough by 300 answers, and each can run to 2048 tokens
+DEFAULT_MODELS = "smollm2-135m-instruct:native:300,default:rstar"  # the base, near 0%, is bounded well enough by 300 answers, and each can run to 2048 tokens
+PENALTIES = ("frequency_penalty", "repetition_penalty")  # the `rstar eval run` flags an arm may set
 FAILURE_KINDS = ("no call", "failing cell", "wrong program", "right program, wrong answer")
 EXAMPLES_PER_KIND = 3
 EXAMPLE_TEXT_CHARS = 400
