@@ -3,10 +3,12 @@
 vLLM's engine processes (EngineCore and its workers) do not watch their parent: a `rstar serve` or `rstar rl
 train` killed outright (the OOM killer, kill -9) leaves them running, holding the model and its KV cache.
 `guard_this_process()` starts, once per process, a small guard process. The guard notes every POLL_S which
-processes run under its owner and waits on a pidfd for the owner to end; then it SIGKILLs each process it last
-saw there that is still the same process (same start time, since pids are reused). A process started in the
-owner's last POLL_S is missed. Then it unlinks the POSIX shared memory (/dev/shm/psm_*) the killed processes had
-and no other process uses: vLLM's engine makes segments of hundreds of MB there, RAM until unlinked.
+processes run under its owner and waits on a pidfd for the owner to end; then it SIGKILLs each process it saw
+there that is still the same process (same start time, since pids are reused). A process stays on that list when
+it leaves the owner's tree while it runs: its parent ended and it went to init, or the owner's own exit moved it
+there a moment before the pidfd said so. A process started in the owner's last POLL_S is missed. Then it unlinks
+the POSIX shared memory (/dev/shm/psm_*) the killed processes had and no other process uses: vLLM's engine makes
+segments of hundreds of MB there, RAM until unlinked. It says on stderr what it killed and how long that took.
 
 The guard watches a pidfd rather than a pipe from its owner: vLLM forks its engine processes, and a forked child
 keeps every fd, so a pipe's write end would stay open in the very processes the guard is for.
@@ -141,18 +143,29 @@ def watch(owner: int) -> None:
         if owner_gone is not None:
             return bool(select.select([owner_gone], [], [], POLL_S)[0])
         time.sleep(POLL_S)
-        return start_time(owner) != born
+        return not running(owner) or start_time(owner) != born  # a killed owner stays a zombie until reaped
 
     seen: dict[int, int] = {}
     while not owner_ended():
-        table = process_table()
-        seen = {pid: int(table[pid][19]) for pid in descendants(owner, table) if pid != os.getpid()}
+        seen = still_seen(seen, owner, process_table())
+    killing = time.monotonic()
     segments = {name for name in shared_memory_used(seen) if name.startswith(SEGMENT_PREFIX)}
     killed = kill_if_unchanged(seen)
-    deadline = time.monotonic() + EXIT_WAIT_S
-    while any(running(pid) for pid in killed) and time.monotonic() < deadline:
+    deadline = killing + EXIT_WAIT_S
+    while (left := [pid for pid in killed if running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    unlink_unused_shared_memory(segments)
+    unlinked = unlink_unused_shared_memory(segments)
+    if killed:
+        print(f"rstar orphan guard: process {owner} ended; killed the {len(killed)} processes it left"
+              f" ({len(left)} still running after {time.monotonic() - killing:.1f} s: {left}),"
+              f" unlinked {len(unlinked)} shared-memory segments", file=sys.stderr, flush=True)
+
+
+def still_seen(seen: dict[int, int], owner: int, table: dict[int, list[bytes]]) -> dict[int, int]:
+    """pid -> start time of every process under `owner` in `table`, and of those in `seen` still running as the
+    same process wherever they are now."""
+    kept = {pid: started for pid, started in seen.items() if pid in table and int(table[pid][19]) == started}
+    return kept | {pid: int(table[pid][19]) for pid in descendants(owner, table) if pid != os.getpid()}
 
 
 def kill_if_unchanged(seen: dict[int, int]) -> list[int]:

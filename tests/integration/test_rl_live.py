@@ -202,6 +202,17 @@ def run_steps(db: Path, run_id: str) -> list[int]:
         return [row[0] for row in connection.execute("select step from rl_steps where run_id = ? order by step", (run_id,))]
 
 
+def describe(processes: list[psutil.Process]) -> list[str]:
+    """What a failure message needs of each process: its state and where it hangs now."""
+    described = []
+    for process in processes:
+        try:
+            described.append(f"{process.pid} {process.name()} {process.status()} parent {process.ppid()}")
+        except psutil.NoSuchProcess:
+            described.append(f"{process.pid} gone")
+    return described
+
+
 def engine_socket_dirs(pid: int) -> list[Path]:
     return list(Path(tempfile.gettempdir()).glob(f"rstar-engine-ipc-{pid}-*"))
 
@@ -219,26 +230,33 @@ def test_a_killed_run_resumes_from_its_checkpoint_counting_nothing_twice(tmp_pat
            "RSTAR_ENGINE__MAX_MODEL_LEN": "2048", "RSTAR_ENGINE__ENFORCE_EAGER": "true", "RSTAR_SANDBOX__UID_BASE": "64800", "COLUMNS": "200"}
     command = [sys.executable, "-m", "rstar.cli", "rl", "train", str(recipe), "--data", str(data), "--run-id", "killed", "--trainer-ranks", "2"]
     started = time.time()
-    first = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    # Its log in a file, not a pipe: a pipe nobody reads fills and stalls every process writing to it.
+    first_log = tmp_path / "first.log"
+    with first_log.open("w") as log:
+        first = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     run_dir = tmp_path / "data" / "rl_runs" / "killed"
     try:
         deadline = time.time() + 600
         while not (run_dir / "checkpoint-1").exists():
-            assert first.poll() is None, first.stderr.read().decode()[-3000:]
+            assert first.poll() is None, first_log.read_text()[-3000:]
             assert time.time() < deadline, "no checkpoint in 10 minutes"
             time.sleep(0.5)
         children = psutil.Process(first.pid).children(recursive=True)
         engine_processes = [p for p in children if p.name().startswith("VLLM::")]
         rank_processes = [p for p in children if "spawn_main" in " ".join(p.cmdline())]  # rank 1, spawned by torch.multiprocessing
         segments = {name for name in shared_memory_used(p.pid for p in engine_processes) if name.startswith("psm_")}
-        assert engine_processes and segments and len(rank_processes) == 1, [p.cmdline() for p in children]
+        guards = [p for p in children if "rstar.orphan_guard" in p.cmdline()]
+        assert engine_processes and segments and len(rank_processes) == 1 and guards, [p.cmdline() for p in children]
         os.kill(first.pid, signal.SIGKILL)  # rank 0 alone, as the OOM killer picks one process
         # Its orphan guard kills its engine processes and the other rank, then unlinks the engine's shared memory
         # (RAM the next run needs).
         _, left = psutil.wait_procs(engine_processes + rank_processes, timeout=30)
-        assert not left, f"the killed trainer's engine processes or rank outlived it: {left}"
+        assert not left, (f"the killed trainer's engine processes or rank outlived it: {describe(left)};"
+                          f" its guard: {describe(guards)}; its log ends: {first_log.read_text()[-2000:]}")
         wait_for(lambda: not any((Path("/dev/shm") / name).exists() for name in segments), timeout_s=10,
                  failure="the killed engine's shared memory stayed in /dev/shm")
+        wait_for(lambda: f"rstar orphan guard: process {first.pid} ended; killed the" in first_log.read_text(), timeout_s=15,
+                 failure="the guard did not say what it killed")
         # A killed process cannot remove its temp dirs: the next engine start does (process_temp)
         assert len(engine_socket_dirs(first.pid)) == 1
     finally:

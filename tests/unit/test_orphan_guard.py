@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from rstar.orphan_guard import POLL_S, kill_if_unchanged, running, start_time
+from rstar.orphan_guard import POLL_S, kill_if_unchanged, running, start_time, stat_fields, still_seen
 from tests.waiting import wait_for
 
 # An owner that starts its guard, maps a shared-memory segment named as vLLM's are, then forks a child (as vLLM
@@ -63,3 +63,45 @@ def test_only_the_process_that_was_seen_is_killed():
     finally:
         bystander.kill()
         bystander.wait()
+
+
+# An owner whose child starts a grandchild and then exits: the grandchild goes to init, out of the owner's tree,
+# while the owner lives on (as a vLLM worker does when its engine core ends first).
+DETACHING_OWNER = """
+import os, time
+from rstar.orphan_guard import guard_this_process
+guard_this_process()
+if os.fork() == 0:
+    grandchild = os.fork()
+    if grandchild == 0:
+        time.sleep(600)
+        os._exit(0)
+    print(grandchild, flush=True)
+    time.sleep(3)  # the guard sees the grandchild under the owner meanwhile
+    os._exit(0)
+time.sleep(600)
+"""
+
+
+def test_a_process_that_left_the_owners_tree_is_still_killed_with_it():
+    owner = subprocess.Popen([sys.executable, "-c", DETACHING_OWNER], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        grandchild = int(owner.stdout.readline())
+        wait_for(lambda: int(stat_fields(grandchild)[1]) == 1, timeout_s=10, failure="the grandchild never went to init")
+        time.sleep(POLL_S * 2.5)  # the guard has looked again since: the grandchild is no longer under the owner
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(10)
+        wait_for(lambda: not running(grandchild), timeout_s=POLL_S * 5, failure="the process that left the tree outlived its owner")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(owner.pid, signal.SIGKILL)  # the grandchild kept the owner's process group
+
+
+def test_a_seen_process_is_dropped_once_its_pid_is_someone_elses():
+    def stat(parent: int, started: int) -> list[bytes]:
+        return [b"S", str(parent).encode()] + [b"0"] * 17 + [str(started).encode()]
+
+    owner = 100
+    table = {owner: stat(1, 5), 101: stat(owner, 10), 102: stat(1, 20), 103: stat(1, 31)}
+    seen = {101: 10, 102: 20, 103: 30, 104: 40}  # 102 went to init; 103's pid is now another process; 104 ended
+    assert still_seen(seen, owner, table) == {101: 10, 102: 20}
