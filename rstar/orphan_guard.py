@@ -156,8 +156,8 @@ def watch(owner: int) -> None:
         time.sleep(0.05)
     unlinked = unlink_unused_shared_memory(segments)
     if killed:
-        print(f"rstar orphan guard: process {owner} ended; killed the {len(killed)} processes it left"
-              f" ({len(left)} still running after {time.monotonic() - killing:.1f} s: {left}),"
+        print(f"rstar orphan guard: process {owner} ended; killed what it left: {len(killed)} process{'es' * (len(killed) > 1)}"
+              f" ({f'{left} still running' if left else 'all gone'} after {time.monotonic() - killing:.1f} s),"
               f" unlinked {len(unlinked)} shared-memory segments", file=sys.stderr, flush=True)
 
 

@@ -34,7 +34,8 @@ time.sleep(600)
 
 
 def test_a_killed_owners_forked_child_is_killed_by_its_guard():
-    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
     try:
         child, segment = owner.stdout.readline().split()
         assert os.path.exists(f"/dev/shm/{segment}")
@@ -44,6 +45,8 @@ def test_a_killed_owners_forked_child_is_killed_by_its_guard():
         wait_for(lambda: not running(int(child)), timeout_s=POLL_S * 5, failure="the orphaned child outlived its owner")
         wait_for(lambda: not os.path.exists(f"/dev/shm/{segment}"), timeout_s=5,
                  failure="the killed processes' shared memory was left in /dev/shm")
+        # The guard, the last to hold the owner's stderr, says what it did and ends.
+        assert f"process {owner.pid} ended; killed what it left: 1 process (all gone after" in owner.stderr.read()
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(owner.pid, signal.SIGKILL)  # the child too, should the guard have failed
