@@ -22,7 +22,9 @@ by writing one stretch again and again (`years_years_years_...`).
 Goals (issue 27, for `default`): accuracy >= 10%, tool-call rate >= 95%.
 
 An arm may also set a decoding penalty of `rstar eval run` (`default:rstar::repetition_penalty=1.1`): the same model
-with and without it is then a paired comparison on the same problems.
+with and without it is then a paired comparison on the same problems. An arm that sets none samples with the served
+model's recommended penalties (the default model's frequency_penalty; each result records them as
+`model_sampling_defaults`), and `default:rstar::frequency_penalty=0` turns that one off.
 
     python benchmarks/gsm8k_bench.py [--limit N] [--models smollm2-135m-instruct:native:300,default:rstar] [--out FILE.json]
 """
@@ -49,7 +51,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from rstar.evals.gsm8k import stated_number  # noqa: E402
-from rstar.server.db import EvalSample, open_database  # noqa: E402
+from rstar.server.db import EvalRun, EvalSample, open_database  # noqa: E402
 from served import served  # noqa: E402  (it starts servers with tests/processes.py)
 
 DEFAULT_MODELS = "smollm2-135m-instruct:native:300,default:rstar"  # the base, near 0%, is bounded well enough by 300 answers, and each can run to 2048 tokens
@@ -156,16 +158,22 @@ def answer_record(sample: EvalSample) -> dict:
             "cells": len(cells), "cell_errors": sum(cell.get("status") != "ok" for cell in cells)}
 
 
-def parse_arm(spec: str, limit_of_all: int | None = None) -> dict:
-    """One --models entry, MODEL[:TEMPLATE[:LIMIT[:PENALTY=VALUE...]]], as the arm it runs (LIMIT, else --limit's);
-    `arm` names it in the report."""
-    model, template, limit, *settings = (spec.strip().split(":") + ["", ""])
+def parse_penalties(settings: list[str], where: str) -> dict[str, float]:
+    """`PENALTY=VALUE` settings of one --models entry (empty ones skipped), as request fields."""
     penalties = {}
     for setting in filter(None, settings):
         key, _, value = setting.partition("=")
         if key not in PENALTIES:
-            raise SystemExit(f"gsm8k_bench: --models {spec!r}: {key!r} is not one of {', '.join(PENALTIES)}")
+            raise SystemExit(f"{where}: {key!r} is not one of {', '.join(PENALTIES)}")
         penalties[key] = float(value)
+    return penalties
+
+
+def parse_arm(spec: str, limit_of_all: int | None = None) -> dict:
+    """One --models entry, MODEL[:TEMPLATE[:LIMIT[:PENALTY=VALUE...]]], as the arm it runs (LIMIT, else --limit's);
+    `arm` names it in the report."""
+    model, template, limit, *settings = (spec.strip().split(":") + ["", ""])
+    penalties = parse_penalties(settings, f"gsm8k_bench: --models {spec!r}")
     return {"arm": " ".join([model, *(f"{k}={v:g}" for k, v in penalties.items())]), "model": model,
             "template": template or "rstar", "limit": int(limit) if limit else limit_of_all, "penalties": penalties}
 
@@ -202,10 +210,12 @@ def run_harness(arm: dict, data_dir: Path, concurrency: int, work: Path, run_id:
         wall = time.perf_counter() - began
     with open_database(database_url)() as session:
         samples = session.query(EvalSample).filter_by(run_id=run_id).order_by(EvalSample.id).all()
+        model_defaults = session.get(EvalRun, run_id).config.get("model_sampling_defaults")
     right = sum(s.score > 0 for s in samples)
     uses_tool = template == "rstar"
     result = {
-        "arm": arm["arm"], "model": model, "template": template, "penalties": arm["penalties"], "run_id": run_id, "problems": len(samples),
+        "arm": arm["arm"], "model": model, "template": template, "penalties": arm["penalties"],
+        "model_sampling_defaults": model_defaults, "run_id": run_id, "problems": len(samples),
         "accuracy": right / len(samples), "accuracy_95": wilson(right, len(samples)),
         "tool_call_rate": sum(s.num_tool_calls > 0 for s in samples) / len(samples),
         "mean_completion_tokens": statistics.fmean(s.completion_tokens for s in samples),

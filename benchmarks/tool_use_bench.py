@@ -10,9 +10,10 @@ completions endpoint, and scored on what came back:
 
 Default models: `smollm2-135m-instruct` (the untuned base) and `default` (the base with the shipped tool-use
 delta); pass `--models` to add RL checkpoints (directories). Goals (for `default`): tool call in
->= 95% of answers, accuracy >= 80%.
+>= 95% of answers, accuracy >= 80%. An entry may set decoding penalties sent with every request
+(`default:frequency_penalty=0`): the same model with and without them is then a paired comparison.
 
-    python benchmarks/tool_use_bench.py [--quick] [--out FILE.json] [--models a,b,DIR] [--heldout FILE]
+    python benchmarks/tool_use_bench.py [--quick] [--out FILE.json] [--models a,b:frequency_penalty=0.1,DIR] [--heldout FILE]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import httpx
 from goals import goal, write_report
+from gsm8k_bench import paired_bootstrap, parse_penalties
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -57,12 +59,12 @@ def heldout_problems(path: Path | None, count: int) -> tuple[list[dict], str]:
     return rows[:count], source
 
 
-async def ask(client: httpx.AsyncClient, problem: dict, gate: asyncio.Semaphore) -> dict:
+async def ask(client: httpx.AsyncClient, problem: dict, gate: asyncio.Semaphore, penalties: dict[str, float]) -> dict:
     async with gate:
         started = time.perf_counter()
         response = await client.post("/v1/chat/completions", json={
             "model": "default", "messages": [{"role": "user", "content": problem["problem"]}],
-            "temperature": 0, "max_tokens": MAX_TOKENS, "max_turns": MAX_TURNS,
+            "temperature": 0, "max_tokens": MAX_TOKENS, "max_turns": MAX_TURNS, **penalties,
         })
         seconds = time.perf_counter() - started
     response.raise_for_status()
@@ -79,12 +81,22 @@ async def ask(client: httpx.AsyncClient, problem: dict, gate: asyncio.Semaphore)
     }
 
 
-def evaluate(model: str, problems: list[dict], concurrency: int, log_dir: Path) -> dict:
+def parse_entry(spec: str) -> tuple[str, str, dict[str, float]]:
+    """One --models entry, MODEL[:PENALTY=VALUE...], as (model, the arm's name in the report, penalties)."""
+    model, *settings = spec.strip().split(":")
+    penalties = parse_penalties(settings, f"tool_use_bench: --models {spec!r}")
+    return model, " ".join([model, *(f"{k}={v:g}" for k, v in penalties.items())]), penalties
+
+
+def evaluate(spec: str, problems: list[dict], concurrency: int, log_dir: Path) -> dict:
+    model, arm, penalties = parse_entry(spec)
     with served(model, log_dir) as server:
+        model_defaults = httpx.get(f"{server.base_url}/v1/models").json()["data"][0].get("sampling_defaults")  # where the arm sets none
+
         async def run_all():
             gate = asyncio.Semaphore(concurrency)
             async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as client:
-                return await asyncio.gather(*(ask(client, p, gate) for p in problems))
+                return await asyncio.gather(*(ask(client, p, gate, penalties) for p in problems))
 
         began = time.perf_counter()
         answers = asyncio.run(run_all())
@@ -99,6 +111,9 @@ def evaluate(model: str, problems: list[dict], concurrency: int, log_dir: Path) 
 
     return {
         "model": model,
+        "arm": arm,
+        "penalties": penalties,
+        "model_sampling_defaults": model_defaults,
         "problems": len(answers),
         "tool_call_rate": rate("tool_call"),
         "accuracy": rate("accurate"),
@@ -114,13 +129,30 @@ def evaluate(model: str, problems: list[dict], concurrency: int, log_dir: Path) 
     }
 
 
+def paired(results: list[dict]) -> list[dict]:
+    """Each later arm of a model against that model's first arm (with and without a penalty), on the same
+    problems: the mean per-problem difference of each score with its 95% bootstrap interval."""
+    pairs = []
+    for at, arm in enumerate(results):
+        first = next(r for r in results[: at + 1] if r["model"] == arm["model"])
+        if first is arm:
+            continue
+        before = {a["id"]: a for a in first["answers"]}
+        row = {"better": arm["arm"], "than": first["arm"], "problems": len(arm["answers"])}
+        for key in ("tool_call", "accurate"):
+            differences = [float(a[key]) - float(before[a["id"]][key]) for a in arm["answers"]]
+            row[key] = {"difference": statistics.fmean(differences), "difference_95": paired_bootstrap(differences)}
+        pairs.append(row)
+    return pairs
+
+
 def plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [Path(r["model"]).name for r in results]
+    labels = ["\n".join([Path(r["model"]).name, *r["arm"].split(" ")[1:]]) for r in results]
     metrics = ("tool_call_rate", "accuracy_after_tool", "accuracy")
     figure, axis = plt.subplots(figsize=(2.4 + 1.6 * len(results), 3.6))
     width = 0.8 / len(metrics)
@@ -148,13 +180,17 @@ def main() -> None:
     problems, source = heldout_problems(args.heldout, 40 if args.quick else 200)
     log_dir = Path(tempfile.mkdtemp(prefix="tool-use-bench-logs-"))
     results = []
-    for model in args.models.split(","):
-        print(f"serving {model} ...", flush=True)
-        result = evaluate(model.strip(), problems, args.concurrency, log_dir)
-        print(f"{model}: tool call {result['tool_call_rate']:.1%}, accuracy {result['accuracy']:.1%}, after a tool result {result['accuracy_after_tool']:.1%} "
+    for spec in args.models.split(","):
+        print(f"serving {spec} ...", flush=True)
+        result = evaluate(spec, problems, args.concurrency, log_dir)
+        print(f"{result['arm']}: tool call {result['tool_call_rate']:.1%}, accuracy {result['accuracy']:.1%}, after a tool result {result['accuracy_after_tool']:.1%} "
               f"({result['problems']} problems, {result['wall_s']:.0f} s, start-up {result['startup_s']:.0f} s)", flush=True)
         results.append(result)
-    default = next((r for r in results if r["model"] == "default"), None)
+    pairs = paired(results)
+    for pair in pairs:
+        print(f"{pair['better']} - {pair['than']}: " + ", ".join(
+            f"{key} {100 * pair[key]['difference']:+.1f} ({100 * pair[key]['difference_95'][0]:+.1f} to {100 * pair[key]['difference_95'][1]:+.1f})" for key in ("tool_call", "accurate")), flush=True)
+    default = next((r for r in results if r["arm"] == "default"), None)  # as served, no penalty sent
     goals = []
     if default is not None:
         goals = [
@@ -168,6 +204,7 @@ def main() -> None:
         "heldout": source,
         "settings": {"temperature": 0, "max_tokens": MAX_TOKENS, "max_turns": MAX_TURNS, "concurrency": args.concurrency, "quick": args.quick},
         "results": results,
+        "paired": pairs,
         "goals": goals,
     }
     write_report(args.out, output)
