@@ -160,8 +160,8 @@ def run_command(
     temperature: Annotated[Optional[float], typer.Option(min=0.0, help="[default: 0.6 math/GPQA, 0 IFEval/BFCL]")] = None,
     top_p: Annotated[Optional[float], typer.Option(min=0.0, max=1.0, help="[default: 1.0]")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Tokens per answer, tool output included. [default: 30720 math/GPQA]")] = None,
-    frequency_penalty: Annotated[Optional[float], typer.Option(min=-2.0, max=2.0, help="OpenAI's: lowers a token's logit by this much per time the answer has already written it. [default: 0]")] = None,
-    repetition_penalty: Annotated[Optional[float], typer.Option(min=0.01, max=2.0, help="vLLM's: divides a positive logit (multiplies a negative one) of any token already in the prompt or answer; 1 = off. [default: 1]")] = None,
+    frequency_penalty: Annotated[Optional[float], typer.Option(min=-2.0, max=2.0, help="OpenAI's: lowers a token's logit by this much per time the answer has already written it. [default: the served model's, see /v1/models; 0 for all but the embedded default model]")] = None,
+    repetition_penalty: Annotated[Optional[float], typer.Option(min=0.01, max=2.0, help="vLLM's: divides a positive logit (multiplies a negative one) of any token already in the prompt or answer; 1 = off. [default: the served model's; 1 for every embedded model]")] = None,
     max_turns: Annotated[Optional[int], typer.Option(min=1, help="Assistant turns per answer (BFCL multi-turn: steps per user turn). [default: 30]")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Samples in flight at once.")] = 16,
     limit: Annotated[Optional[int], typer.Option(min=1, help="Only the first N questions of each benchmark (of each category for BFCL).")] = None,
@@ -235,7 +235,12 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
     def longest_prompts(docs: dict[str, list]) -> dict:
         return {name: longest_prompt(select_docs(docs[name], config.get("limit")), get_benchmark(name).build_prompt) for name in docs}
 
-    async def go(client, model_name: str, docs: dict[str, list]):
+    async def go(client, model_name: str, docs: dict[str, list], sampling_defaults: dict[str, float] | None):
+        """`sampling_defaults`: the penalties the model samples with where no flag sets one (None: the server does not say)."""
+        if not resuming:
+            config["model_sampling_defaults"] = sampling_defaults
+        if sampling_defaults:
+            console.print(f"penalties no flag sets are the model's: {', '.join(f'{k}={v:g}' for k, v in sampling_defaults.items())}", highlight=False)
         run = store.get(run_id) if resuming else store.create(run_id, model_name, endpoint or "", list(config["benchmarks"]), config)
         if resuming:
             store.update(run.id, status="running")
@@ -273,7 +278,7 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
                 )
             elif problem := refusal(budgets, window, "the server's context window", "serve with a larger window (rstar serve --max-model-len N)"):
                 raise _fail(problem)
-            await go(client, model, docs)
+            await go(client, model, docs, next((m.get("sampling_defaults") for m in models if m["id"] == model), None))
         finally:
             await client.close()
         return
@@ -282,7 +287,7 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
     from rstar.sandbox.clients import connect
     from rstar.server.builtin_tools import SandboxExecutor
     from rstar.server.engine import VllmEngine
-    from rstar.server.model_store import resolve_model
+    from rstar.server.model_store import model_sampling_defaults, resolve_model
 
     from transformers import AutoTokenizer
 
@@ -302,7 +307,7 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
     engine = await VllmEngine.start(resolved.path, settings.engine.model_copy(update={"max_model_len": window}), served_model_name=name, cache_dir=settings.cache_dir)
     try:
         async with connect(settings.sandbox) as sandbox:
-            await go(InProcessChatClient(engine, SandboxExecutor(sandbox)), name, docs)
+            await go(InProcessChatClient(engine, SandboxExecutor(sandbox)), name, docs, model_sampling_defaults(name))
     finally:
         await engine.shutdown()
 

@@ -35,8 +35,9 @@ class GenerationParams:
     max_turns: int  # assistant turns per answer (rStar template), or model steps per user turn (BFCL multi-turn)
     seed: int | None = None
     tool_timeout: float | None = None
-    frequency_penalty: float = 0.0  # OpenAI's; every OpenAI-compatible server takes it
-    repetition_penalty: float = 1.0  # vLLM's extension, 1 = off: sent only when set
+    # None: the served model's default (not sent; in process, `model_sampling_defaults`), else off.
+    frequency_penalty: float | None = None  # OpenAI's; every OpenAI-compatible server takes it
+    repetition_penalty: float | None = None  # vLLM's extension, 1 = off
 
 
 @dataclass
@@ -239,9 +240,9 @@ class HttpChatClient:
         }
         if params.seed is not None:
             body["seed"] = params.seed
-        if params.frequency_penalty:
+        if params.frequency_penalty is not None:
             body["frequency_penalty"] = params.frequency_penalty
-        if params.repetition_penalty != 1.0:
+        if params.repetition_penalty is not None:
             body["repetition_penalty"] = params.repetition_penalty
         if tools:
             body["tools"] = tools
@@ -346,7 +347,8 @@ class InProcessChatClient:
         from rstar.sandbox.tools import ToolSettings
         from rstar.server.agent_loop import LoopConfig, run_trajectory
         from rstar.server.engine import SamplingOptions
-        from rstar.server.model_store import default_tool_protocol
+        from rstar.server.model_store import default_tool_protocol, model_sampling_defaults
+        from rstar.server.schemas import PENALTY_OFF
         from rstar.server.tool_calls import parse_tool_calls
 
         builtin = params.template == RSTAR_TEMPLATE
@@ -358,9 +360,12 @@ class InProcessChatClient:
             logprobs=False,
             tools=ToolSettings.of_protocol(default_tool_protocol(self.engine.model_name)),
         )
+        # The penalties a run leaves to the model are what `rstar serve` would sample this model with.
+        served = {**PENALTY_OFF, **model_sampling_defaults(self.engine.model_name)}
         sampling = SamplingOptions(
             max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p, seed=params.seed,
-            frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
+            frequency_penalty=served["frequency_penalty"] if params.frequency_penalty is None else params.frequency_penalty,
+            repetition_penalty=served["repetition_penalty"] if params.repetition_penalty is None else params.repetition_penalty,
         )
         template = self.template(params.template)
         # `tool_timeout` bounds each execution as the server's does; it needs a SandboxExecutor (with_timeout).

@@ -29,6 +29,10 @@ NATIVE_TEMPLATE = "native"  # the benchmark's own prompt as given, no added inst
 # Knobs the paper gives no value for, the same for every benchmark: vLLM's and OpenAI's defaults (no penalty).
 # A run stored before a knob existed sampled with its default.
 SAMPLING_DEFAULTS = {"top_p": 1.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+# A new run leaves each penalty no flag sets to the served model (None: not sent), as a client of its server
+# would: off for every model but one whose recommended decoding has one (`model_sampling_defaults`). The run
+# stores which penalties that was (`model_sampling_defaults` in its config).
+MODEL_PENALTIES = {"frequency_penalty": None, "repetition_penalty": None}
 
 
 @dataclass(frozen=True)

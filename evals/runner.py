@@ -30,7 +30,7 @@ from sqlalchemy.orm import sessionmaker
 
 from rstar.evals.answers import PAPER_EXTRACTION, answer_view
 from rstar.evals.client import ChatClient, FatalRequestError, GenerationParams, Sample, generate
-from rstar.evals.registry import SAMPLING_DEFAULTS, Benchmark, Doc, Grade, get_benchmark
+from rstar.evals.registry import MODEL_PENALTIES, SAMPLING_DEFAULTS, Benchmark, Doc, Grade, get_benchmark
 from rstar.server.db import EvalRun, EvalSample
 from rstar.server.trajectory import cut_off
 
@@ -51,7 +51,7 @@ def plan(suite: Iterable[str], overrides: dict[str, Any]) -> dict[str, dict[str,
     planned = {}
     for name in suite:
         bench = get_benchmark(name)
-        settings = {**SAMPLING_DEFAULTS, **asdict(bench.sampling)}
+        settings = {**SAMPLING_DEFAULTS, **MODEL_PENALTIES, **asdict(bench.sampling)}
         settings.update({key: value for key, value in overrides.items() if key in SAMPLING_KEYS and value is not None})
         planned[bench.name] = {key: settings[key] for key in SAMPLING_KEYS}
         if bench.sampling.reasoning_max_tokens and overrides.get("max_tokens") is None:

@@ -123,6 +123,11 @@ class ApiSettings(BaseModel):
         "this server's fixes. Default: released for rStar models, improved for the embedded default model (trained on it) and others; "
         "requests may choose their own.",
     )
+    sampling_defaults: dict[Literal["presence_penalty", "frequency_penalty", "repetition_penalty"], float] | None = Field(
+        None,
+        description="Penalties a request that leaves them out samples with (shown in /v1/models). Default: the model's recommended "
+        "ones (the embedded default model's are in its delta's .json), none for other models; {} turns them off.",
+    )
     max_tool_response_chars: int | None = Field(
         None,
         ge=0,
@@ -130,6 +135,14 @@ class ApiSettings(BaseModel):
         "the sandbox's per-stream cut. Default: the protocol's, 256 under released (verl's max_tool_response_length), none under "
         "improved; 0 keeps every result whole.",
     )
+
+    @field_validator("sampling_defaults")
+    @classmethod
+    def _penalties_in_range(cls, defaults: dict[str, float] | None) -> dict[str, float] | None:
+        for name, value in (defaults or {}).items():  # the ranges the request fields take
+            if not (0 < value <= 2 if name == "repetition_penalty" else -2 <= value <= 2):
+                raise ValueError(f"{name} {value} is outside {'(0, 2]' if name == 'repetition_penalty' else '[-2, 2]'}")
+        return defaults
 
 
 class ContainerSettings(BaseModel):

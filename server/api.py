@@ -77,8 +77,8 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/v1/models", dependencies=API_KEY)
 async def list_models(request: Request) -> ModelList:
-    engine = request.app.state.serving.engine
-    return ModelList(data=[ModelCard(id=request.app.state.model_name, max_model_len=engine.max_model_len)])
+    serving = request.app.state.serving
+    return ModelList(data=[ModelCard(id=request.app.state.model_name, max_model_len=serving.engine.max_model_len, sampling_defaults=serving.sampling_defaults)])
 
 
 @router.post("/v1/chat/completions", dependencies=API_KEY)

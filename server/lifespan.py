@@ -22,7 +22,7 @@ from rstar.server.db import close_database, open_database
 from rstar.server.engine import TokenEngine
 from rstar.server.limits import Admission
 from rstar.server.metrics import ServerMetrics
-from rstar.server.model_store import default_tool_protocol
+from rstar.server.model_store import default_tool_protocol, model_sampling_defaults
 from rstar.server.serving_base import Serving
 from rstar.server.serving_chat import ChatService
 from rstar.server.serving_completions import CompletionService
@@ -57,6 +57,7 @@ async def serving_lifespan(
         metrics=ServerMetrics(engine),
         admission=Admission(api.max_running_requests, api.max_waiting_requests, api.queue_timeout_s, api.retry_after_s),
         tool_protocol=api.tool_protocol or default_tool_protocol(model_name),
+        sampling_defaults=model_sampling_defaults(model_name) if api.sampling_defaults is None else api.sampling_defaults,
     )
     app.state.serving = serving
     app.state.model_name = model_name
@@ -64,6 +65,9 @@ async def serving_lifespan(
     app.state.completions = CompletionService(serving)
     app.state.responses = ResponsesService(serving)
     log.info("serving %s on http://%s:%d", model_name, settings.host, settings.port)
+    if serving.sampling_defaults:
+        log.info("requests that leave them out sample with %s (the model's recommended decoding; api.sampling_defaults={} turns it off)",
+                 ", ".join(f"{name}={value:g}" for name, value in serving.sampling_defaults.items()))
     retention = settings.conversation_retention_days
     purging = asyncio.create_task(purge_periodically(serving.store, retention)) if retention else None
     if not retention and settings.store_conversations:

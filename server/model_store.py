@@ -63,6 +63,7 @@ class TunedModel:
     delta_file: str  # in models/, beside a .json with its sha256 and how to regenerate it
     delta_sha256: str
     chat_template: Path
+    sampling_defaults: dict[str, float]  # the decoding it is served with unless a request says otherwise
 
 
 SMOLLM2_135M = EmbeddedModel(
@@ -82,6 +83,7 @@ SMOLLM2_135M_TOOL = TunedModel(
     delta_file=DELTA_INFO["file"],
     delta_sha256=DELTA_INFO["sha256"],
     chat_template=RSTAR_TEMPLATE_PATH,
+    sampling_defaults=DELTA_INFO["sampling_defaults"],
 )
 
 # Names `--model` accepts for the embedded models: `default` is the tool-using one.
@@ -100,6 +102,15 @@ def default_tool_protocol(model_name: str) -> ToolProtocol:
     if name in ("default", SMOLLM2_135M_TOOL.name.lower()):
         return "improved"
     return "released" if "rstar" in name else "improved"
+
+
+def model_sampling_defaults(model_name: str) -> dict[str, float]:
+    """The penalties a model is served with where a request leaves them out: the recommended decoding of an
+    embedded tuned model (its delta's .json gives it, `benchmarks/README.md` the measurements behind it), none
+    for the rest. The tuned default's is a frequency penalty: at temperature 0 it otherwise ends some answers
+    writing one stretch again and again until its tokens run out, before it ever calls its tool."""
+    model = EMBEDDED_MODELS.get(model_name.lower())
+    return dict(model.sampling_defaults) if isinstance(model, TunedModel) else {}
 
 
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
@@ -24,6 +25,11 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+# A penalty a request leaves out is the served model's default (`sampling_defaults` in /v1/models), else off.
+PENALTY_OFF = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+_MODEL_DEFAULT = "Default: the served model's (its sampling_defaults in /v1/models), else "
+
+
 class SamplingFields(_Request):
     """The sampling fields every generating endpoint takes, and their one conversion into the engine's options
     (as vLLM's requests have `to_sampling_params`)."""
@@ -31,16 +37,19 @@ class SamplingFields(_Request):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1, description="vLLM extension; 0 or -1 = off")
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0, description="vLLM extension; 1 = off, above 1 discourages repeating prompt or answer tokens")
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, description=_MODEL_DEFAULT + "0")
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description=_MODEL_DEFAULT + "0")
+    repetition_penalty: float | None = Field(
+        None, gt=0.0, le=2.0, description="vLLM extension; 1 = off, above 1 discourages repeating prompt or answer tokens. " + _MODEL_DEFAULT + "1"
+    )
     seed: int | None = None
 
-    def sampling_options(self, max_tokens: int) -> SamplingOptions:
-        """What one generation of this request samples, at most `max_tokens` tokens."""
+    def sampling_options(self, max_tokens: int, model_defaults: Mapping[str, float]) -> SamplingOptions:
+        """What one generation of this request samples, at most `max_tokens` tokens; the penalties it leaves
+        out are the served model's `model_defaults`, else off."""
+        penalties = {name: value if (value := getattr(self, name)) is not None else model_defaults.get(name, off) for name, off in PENALTY_OFF.items()}
         return SamplingOptions(
-            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), seed=self.seed,
-            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), seed=self.seed, **penalties
         )
 
 
@@ -73,8 +82,8 @@ class StopFields(SamplingFields):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
-    def sampling_options(self, max_tokens: int) -> SamplingOptions:
-        return dataclasses.replace(super().sampling_options(max_tokens), stop=self.stop_list)
+    def sampling_options(self, max_tokens: int, model_defaults: Mapping[str, float]) -> SamplingOptions:
+        return dataclasses.replace(super().sampling_options(max_tokens, model_defaults), stop=self.stop_list)
 
 
 class StreamOptions(BaseModel):
@@ -370,6 +379,8 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "rstar"
     max_model_len: int | None = None
+    # The penalties a request that leaves them out samples with (the model's recommended decoding).
+    sampling_defaults: dict[str, float] = Field(default_factory=dict)
 
 
 class ModelList(BaseModel):
@@ -409,9 +420,9 @@ class CompletionRequest(StopFields):
     return_token_ids: bool = False
     user: str | None = None
 
-    def sampling_options(self, max_tokens: int) -> SamplingOptions:
+    def sampling_options(self, max_tokens: int, model_defaults: Mapping[str, float]) -> SamplingOptions:
         return dataclasses.replace(
-            super().sampling_options(max_tokens),
+            super().sampling_options(max_tokens, model_defaults),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             logprobs=self.logprobs,
             ignore_eos=self.ignore_eos,

@@ -143,7 +143,7 @@ class AgentServing(ServingBase):
             limit = "server settings api.max_tool_timeout_s, sandbox.max_timeout_s"
             raise APIError(400, f"tool_timeout may be at most {tool_timeout_limit:g} s ({limit})", "tool_timeout")
         executor = SandboxExecutor(serving.sandbox, request.tool_timeout, cells=settings.sandbox_cells_per_request)
-        return AgentPlan(prompt, config, per_choice(request.sampling_options(room), request.n), executor)
+        return AgentPlan(prompt, config, per_choice(request.sampling_options(room, serving.sampling_defaults), request.n), executor)
 
     async def use_container(self, plan: AgentPlan, containers: ContainerStore, container_id: str, owner: str | None, field: str) -> None:
         """Run the plan's cells in that container (its interpreter and files, its memory_limit); an unknown,

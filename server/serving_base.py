@@ -48,6 +48,7 @@ class Serving:
     metrics: ServerMetrics
     admission: Admission
     tool_protocol: ToolProtocol  # the server's choice for its model; a request may pick the other
+    sampling_defaults: dict[str, float]  # penalties a request that leaves them out gets (the model's recommended ones)
 
     # Per-request choices, built once each: by template name, and by (name, chat_template_kwargs) so a
     # benchmark sending the same variables with every request does not compile the template every time.

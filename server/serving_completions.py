@@ -46,7 +46,7 @@ class CompletionService(ServingBase):
             except RenderTimeout:
                 raise render_timeout_error("prompt") from None
         room = self.context_room(len(prompt_ids), request.max_tokens)
-        return prompt_ids, per_choice(request.sampling_options(request.max_tokens or room), request.n)
+        return prompt_ids, per_choice(request.sampling_options(request.max_tokens or room, serving.sampling_defaults), request.n)
 
     def _generations(self, prompt_ids: list[int], options: list[SamplingOptions], request_id: str, choices: list[_Choice]) -> AsyncIterator[tuple[int, TokenDelta]]:
         """Every choice's generation, merged, until the request's deadline."""

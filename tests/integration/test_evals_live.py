@@ -29,6 +29,7 @@ from rstar.evals.bfcl import CATEGORIES
 from rstar.evals.cli import app as eval_app
 from rstar.evals.report import FILES
 from rstar.evals.runner import RunStore, execute, plan
+from rstar.server.model_store import model_sampling_defaults
 from rstar.server.db import open_database
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -86,6 +87,9 @@ def test_every_benchmark_runs_end_to_end_over_the_api(live_server, tmp_path):
 
         run = session.get(EvalRun, "e2e")
     assert run.status == "finished" and run.endpoint.startswith(live_server.base_url) and run.model == DEFAULT_MODEL_NAME
+    # No penalty flag given: the run sampled with the served model's recommended ones, and says which.
+    assert run.config["model_sampling_defaults"] == model_sampling_defaults(DEFAULT_MODEL_NAME) != {}
+    assert "penalties no flag sets are the model's: frequency_penalty=" in result.output
     assert all(entry["complete"] and "score" in entry for entry in run.summary.values())
     assert {name: entry["refused"] for name, entry in run.summary.items() if entry["refused"]} == {b: n for b, n in refusals.items() if n}
     assert run.summary["bfcl_v3"]["metrics"]["categories"].keys() == set(CATEGORIES)

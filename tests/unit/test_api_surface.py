@@ -11,6 +11,8 @@ import openai
 import pytest
 
 from rstar.asgi import ClientDisconnected, cancel_on_disconnect
+from rstar.config import SettingsInvalid, load_settings
+from rstar.server.model_store import model_sampling_defaults
 from tests.scripted_engine import call
 from tests.unit.api_server import QUESTION, REPLY, TOOL_TURNS, make_server, sandbox_of  # noqa: F401 (fixture)
 
@@ -214,6 +216,34 @@ def test_each_endpoint_hands_its_sampling_fields_to_the_engine(make_server):
     ]
     assert (engine.sampling[-1].max_tokens, engine.sampling[-1].stop_token_ids) == (4, (7,))
     assert {(o.presence_penalty, o.frequency_penalty, o.repetition_penalty) for o in engine.sampling} == {(0.2, 0.3, 1.1)}
+
+
+def test_a_penalty_left_out_is_the_models_recommended_one_and_a_sent_one_wins(make_server):
+    _, http, engine, _ = make_server(model_name="default")  # the embedded default model recommends a frequency penalty
+    recommended = model_sampling_defaults("default")
+    assert recommended["frequency_penalty"] > 0
+    assert http.get("/v1/models").json()["data"][0]["sampling_defaults"] == recommended
+    for body in ({"model": "default", "messages": QUESTION}, {"model": "default", "input": "hi"}, {"model": "default", "prompt": "hi", "max_tokens": 2}):
+        path = "/v1/chat/completions" if "messages" in body else "/v1/responses" if "input" in body else "/v1/completions"
+        assert http.post(path, json=body).status_code == 200
+        assert http.post(path, json=body | {"frequency_penalty": 0, "repetition_penalty": 1.05}).status_code == 200
+    assert [(o.frequency_penalty, o.repetition_penalty) for o in engine.sampling] == [(recommended["frequency_penalty"], 1.0), (0.0, 1.05)] * 3
+
+
+def test_the_operator_sets_the_penalty_defaults_or_turns_them_off(make_server):
+    _, http, engine, _ = make_server(model_name="default", api={"sampling_defaults": {}})
+    assert http.get("/v1/models").json()["data"][0]["sampling_defaults"] == {}
+    assert http.post("/v1/chat/completions", json={"model": "default", "messages": QUESTION}).status_code == 200
+    _, other, other_engine, _ = make_server(api={"sampling_defaults": {"repetition_penalty": 1.2}})
+    assert other.get("/v1/models").json()["data"][0]["sampling_defaults"] == {"repetition_penalty": 1.2}
+    assert other.post("/v1/chat/completions", json={"model": "scripted", "messages": QUESTION}).status_code == 200
+    assert [(o.frequency_penalty, o.repetition_penalty) for o in engine.sampling + other_engine.sampling] == [(0.0, 1.0), (0.0, 1.2)]
+
+
+@pytest.mark.parametrize("defaults", [{"frequency_penalty": 2.5}, {"repetition_penalty": 0}, {"top_k": 3}])
+def test_penalty_defaults_outside_the_request_ranges_are_refused_at_start(defaults):
+    with pytest.raises(SettingsInvalid, match="sampling_defaults"):
+        load_settings(api={"sampling_defaults": defaults})
 
 
 @pytest.mark.parametrize("field, value", [("frequency_penalty", 2.5), ("presence_penalty", -3), ("repetition_penalty", 0), ("repetition_penalty", 3)])

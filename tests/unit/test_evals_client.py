@@ -24,6 +24,7 @@ from rstar.evals.client import (
     chat_completions_url,
     generate,
 )
+from rstar.server.model_store import model_sampling_defaults
 from rstar.server.schemas import CodeCell
 from rstar.server.trajectory import Trajectory
 
@@ -61,7 +62,7 @@ def test_rstar_template_asks_the_server_to_run_its_tool_loop():
     assert auth == "Bearer k"
     assert (body["builtin_tools"], body["max_turns"], body["seed"], body["top_p"], body["max_tokens"]) == (True, 5, 7, 0.95, 256)
     assert body["chat_template"] == "rstar"
-    assert "tools" not in body and "frequency_penalty" not in body and "repetition_penalty" not in body  # off: not sent
+    assert "tools" not in body and "frequency_penalty" not in body and "repetition_penalty" not in body  # left to the served model: not sent
     assert sample.response == "<answer>\\boxed{2}</answer>"
     assert (sample.num_turns, sample.num_tool_calls, sample.prompt_tokens, sample.completion_tokens) == (2, 1, 11, 5)
     # stored in the Trajectory shape readers (the UI) know, the response kept whole
@@ -84,6 +85,24 @@ def test_penalties_reach_the_server_and_the_in_process_engine(default_tokenizer)
     engine = ScriptedEngine(default_tokenizer, ["It is 2.</reason>\n<answer>\\boxed{2}</answer>"])
     asyncio.run(InProcessChatClient(engine, ScriptedSandbox().executor()).complete([{"role": "user", "content": "1+1?"}], None, penalised))
     assert (engine.sampling[0].frequency_penalty, engine.sampling[0].repetition_penalty) == (0.4, 1.1)
+
+
+def test_a_penalty_given_as_off_is_sent_and_one_left_out_is_the_models_in_process(default_tokenizer):
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json=answer({"content": "<answer>\\boxed{2}</answer>"}))
+
+    off = replace(RSTAR, frequency_penalty=0.0, repetition_penalty=1.0)
+    asyncio.run(generate(mock_client(handler), Prompt(messages=[{"role": "user", "content": "1+1?"}]), off))
+    assert (seen[0]["frequency_penalty"], seen[0]["repetition_penalty"]) == (0.0, 1.0)  # over a server default
+    # In process, a penalty left out is what `rstar serve` would sample that model with.
+    for model_name, params, expected in [("default", RSTAR, model_sampling_defaults("default")["frequency_penalty"]), ("default", off, 0.0), ("scripted", RSTAR, 0.0)]:
+        engine = ScriptedEngine(default_tokenizer, ["It is 2.</reason>\n<answer>\\boxed{2}</answer>"], model_name=model_name)
+        asyncio.run(InProcessChatClient(engine, ScriptedSandbox().executor()).complete([{"role": "user", "content": "1+1?"}], None, params))
+        assert (engine.sampling[0].frequency_penalty, engine.sampling[0].repetition_penalty) == (expected, 1.0), model_name
+    assert model_sampling_defaults("default")["frequency_penalty"] > 0
 
 
 def test_native_template_declares_client_tools_and_returns_the_calls():

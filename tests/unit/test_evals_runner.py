@@ -70,10 +70,10 @@ def test_plan_applies_overrides_over_paper_defaults():
     planned = plan(["hmmt25", "ifeval"], {"samples": 4, "max_tokens": None})
     assert set(planned) == {"hmmt_feb_2025", "ifeval"}  # the short name resolves
     assert planned["hmmt_feb_2025"] == {"temperature": 0.6, "top_p": 1.0, "samples": 4, "max_turns": 30, "max_tokens": 30720, "template": "rstar",
-                                        "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+                                        "frequency_penalty": None, "repetition_penalty": None}  # left to the served model
     assert planned["ifeval"]["temperature"] == 0.0 and planned["ifeval"]["samples"] == 4 and planned["ifeval"]["template"] == "native"
     penalised = plan(["gsm8k"], {"frequency_penalty": 0.5, "repetition_penalty": None})["gsm8k"]
-    assert (penalised["frequency_penalty"], penalised["repetition_penalty"]) == (0.5, 1.0)
+    assert (penalised["frequency_penalty"], penalised["repetition_penalty"]) == (0.5, None)
 
 
 def test_limit_takes_the_first_docs_of_each_category():
