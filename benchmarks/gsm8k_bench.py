@@ -56,6 +56,7 @@ from served import served  # noqa: E402  (it starts servers with tests/processes
 
 DEFAULT_MODELS = "smollm2-135m-instruct:native:300,default:rstar"  # the base, near 0%, is bounded well enough by 300 answers, and each can run to 2048 tokens
 PENALTIES = ("frequency_penalty", "repetition_penalty")  # the `rstar eval run` flags an arm may set
+PENALTY_LABELS = {"frequency_penalty": "freq. pen.", "repetition_penalty": "rep. pen."}
 FAILURE_KINDS = ("no call", "failing cell", "wrong program", "right program, wrong answer")
 EXAMPLES_PER_KIND = 3
 EXAMPLE_TEXT_CHARS = 400
@@ -240,23 +241,33 @@ def run_harness(arm: dict, data_dir: Path, concurrency: int, work: Path, run_id:
     return result
 
 
+def arm_label(result: dict) -> str:
+    """The arm as a plot names it: model, the penalties it sets, then its template and how many problems."""
+    penalties = [f"{PENALTY_LABELS[key]} {value:g}" for key, value in result["penalties"].items()]
+    return "\n".join([Path(result["model"]).name, *penalties, f"({result['template']}, {result['problems']})"])
+
+
 def plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (scores, misses) = plt.subplots(1, 2, figsize=(9, 3.6))
-    labels = ["\n".join([*r["arm"].split(" "), f"({r['template']})"]) for r in results]  # a penalty on a line of its own
+    figure, (scores, misses) = plt.subplots(1, 2, figsize=(4 + 1.6 * len(results), 3.8), width_ratios=(1.3, 1))
+    labels = [arm_label(r) for r in results]
     accuracy = [100 * r["accuracy"] for r in results]
     errors = [[100 * (r["accuracy"] - r["accuracy_95"][0]) for r in results], [100 * (r["accuracy_95"][1] - r["accuracy"]) for r in results]]
     bars = scores.bar(labels, accuracy, yerr=errors, capsize=4, color="#4c72b0")
     scores.bar_label(bars, fmt="%.1f", fontsize=8)
+    scores.tick_params(axis="x", labelsize=7)
     scores.set_ylabel("GSM8K test accuracy, % (95% Wilson)")
-    scores.set_title(f"{results[0]['problems']} problems, temperature 0", fontsize=9)
+    scores.set_title("temperature 0; each arm's problems under its bar", fontsize=9)
     tool_users = [r for r in results if "misses_by_kind" in r]
-    for r in tool_users:
-        misses.barh(FAILURE_KINDS, [r["misses_by_kind"][k] for k in FAILURE_KINDS], alpha=0.8, label=r["arm"])
+    height = 0.8 / max(1, len(tool_users))
+    for at, r in enumerate(tool_users):  # side by side, so one arm's bar never hides another's
+        rows = [k + at * height for k in range(len(FAILURE_KINDS))]
+        misses.barh(rows, [r["misses_by_kind"][k] for k in FAILURE_KINDS], height, label=arm_label(r).replace("\n", " "))
+    misses.set_yticks([k + height * (len(tool_users) - 1) / 2 for k in range(len(FAILURE_KINDS))], FAILURE_KINDS, fontsize=8)
     misses.set_xlabel("misses")
     misses.set_title("why the tool-using model missed", fontsize=9)
     if tool_users:

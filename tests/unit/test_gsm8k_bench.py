@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from gsm8k_bench import answer_record, counts_a_name_up, ends_in_repetition, failure_kind, has_escape_slip, paired_bootstrap, paired_differences, parse_arm, wilson  # noqa: E402
+from gsm8k_bench import answer_record, arm_label, counts_a_name_up, ends_in_repetition, failure_kind, has_escape_slip, paired_bootstrap, paired_differences, parse_arm, wilson  # noqa: E402
 
 from rstar.server.tool_calls import decode_tool_call  # noqa: E402
 
@@ -123,3 +123,9 @@ def test_an_answer_that_ends_writing_one_stretch_again_is_told_from_one_that_rep
     moved_on = opening + block * 6 + "print(trees)\"}}</tool_call>\nThe result is 3, so the answer is \\boxed{3}."
     assert not ends_in_repetition(answer_ending(moved_on))
     assert not ends_in_repetition(answer_ending("The answer is \\boxed{1000000000000}."))  # a long number is no loop
+
+
+def test_a_plot_label_names_the_model_its_penalties_its_template_and_how_many_problems():
+    arm = {"model": "/runs/v6", "penalties": {"frequency_penalty": 0.1, "repetition_penalty": 1.1}, "template": "rstar", "problems": 300}
+    assert arm_label(arm) == "v6\nfreq. pen. 0.1\nrep. pen. 1.1\n(rstar, 300)"
+    assert arm_label({**arm, "model": "default", "penalties": {}, "template": "native"}) == "default\n(native, 300)"
