@@ -299,8 +299,9 @@ def test_the_pulled_default_answers_a_held_out_problem_with_a_cell_that_ran(live
 
 def test_the_pulled_default_answers_a_held_out_word_problem_with_a_cell_that_ran(live_server):
     """A GSM8K test problem (held out: the SFT data comes from the train split only), multi-step, that the shipped
-    delta v5 got right in its gsm8k_bench run and alone at temperature 0 in bf16 and in fp32, as v4 did. Most
-    GSM8K problems it still gets wrong (1.6% of the first 700): benchmarks/README.md, gsm8k_bench."""
+    delta v5 got right in its gsm8k_bench runs and alone at temperature 0 in bf16 and in fp32, as v4 did, and
+    with a frequency penalty (served by default, 0.1) in bf16 at 0.1 and 0.2 and in fp32 at 0.2. Most GSM8K
+    problems it still gets wrong (1.6% of the first 700): benchmarks/README.md, gsm8k_bench."""
     from rstar.evals.gsm8k import grade, load
     from tests.unit.evals_data import shared_data_dir
 
