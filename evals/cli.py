@@ -93,6 +93,12 @@ def resume_conflicts(config: dict, suite: list[str] | None, overrides: dict[str,
     return conflicts
 
 
+def penalties_left_to_model(sampling_defaults: dict[str, float] | None, benchmarks: dict[str, dict]) -> dict[str, float]:
+    """The model's default penalties that some benchmark of the run samples with: those it planned as None (no
+    flag set them). A run stored before the penalties existed has no such key and sampled without them."""
+    return {key: value for key, value in (sampling_defaults or {}).items() if any(key in planned and planned[key] is None for planned in benchmarks.values())}
+
+
 def _fail(message: str) -> typer.Exit:
     console.print(f"[red]rstar eval:[/red] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
@@ -239,8 +245,8 @@ async def _run(store, settings, run_id: str | None, config: dict, model: str | N
         """`sampling_defaults`: the penalties the model samples with where no flag sets one (None: the server does not say)."""
         if not resuming:
             config["model_sampling_defaults"] = sampling_defaults
-        if sampling_defaults:
-            console.print(f"penalties no flag sets are the model's: {', '.join(f'{k}={v:g}' for k, v in sampling_defaults.items())}", highlight=False)
+        if left := penalties_left_to_model(sampling_defaults, config["benchmarks"]):
+            console.print(f"penalties no flag sets are the model's: {', '.join(f'{k}={v:g}' for k, v in left.items())}", highlight=False)
         run = store.get(run_id) if resuming else store.create(run_id, model_name, endpoint or "", list(config["benchmarks"]), config)
         if resuming:
             store.update(run.id, status="running")

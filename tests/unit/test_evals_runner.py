@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from rstar.evals import get_benchmark
 from rstar.evals.cli import app as eval_app
-from rstar.evals.cli import difference, resume_conflicts
+from rstar.evals.cli import difference, penalties_left_to_model, resume_conflicts
 from rstar.evals.client import Completion, FatalRequestError
 from rstar.evals.report import FILES, write_run_reports
 from rstar.evals.runner import RunStore, execute, pending, plan, sample_seed, select_docs
@@ -74,6 +74,15 @@ def test_plan_applies_overrides_over_paper_defaults():
     assert planned["ifeval"]["temperature"] == 0.0 and planned["ifeval"]["samples"] == 4 and planned["ifeval"]["template"] == "native"
     penalised = plan(["gsm8k"], {"frequency_penalty": 0.5, "repetition_penalty": None})["gsm8k"]
     assert (penalised["frequency_penalty"], penalised["repetition_penalty"]) == (0.5, None)
+
+
+def test_a_run_names_only_the_model_penalties_no_flag_overrode():
+    defaults = {"frequency_penalty": 0.1}
+    assert penalties_left_to_model(defaults, plan(["gsm8k"], {})) == defaults
+    assert penalties_left_to_model(defaults, plan(["gsm8k"], {"frequency_penalty": 0.0})) == {}  # the flag wins
+    assert penalties_left_to_model(None, plan(["gsm8k"], {})) == {}  # a server that does not say
+    stored_before_the_knob = {"gsm8k": {"temperature": 0.0}}
+    assert penalties_left_to_model(defaults, stored_before_the_knob) == {}
 
 
 def test_limit_takes_the_first_docs_of_each_category():
