@@ -242,8 +242,11 @@ def run_harness(arm: dict, data_dir: Path, concurrency: int, work: Path, run_id:
 
 
 def arm_label(result: dict) -> str:
-    """The arm as a plot names it: model, the penalties it sets, then its template and how many problems."""
+    """The arm as a plot names it: model, the penalties it samples with (those it sets, then the served model's
+    defaults it left alone), then its template and how many problems."""
+    served = {k: v for k, v in (result.get("model_sampling_defaults") or {}).items() if k not in result["penalties"]}
     penalties = [f"{PENALTY_LABELS[key]} {value:g}" for key, value in result["penalties"].items()]
+    penalties += [f"{PENALTY_LABELS[key]} {value:g} (served)" for key, value in served.items()]
     return "\n".join([Path(result["model"]).name, *penalties, f"({result['template']}, {result['problems']})"])
 
 

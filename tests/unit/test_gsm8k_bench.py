@@ -129,3 +129,5 @@ def test_a_plot_label_names_the_model_its_penalties_its_template_and_how_many_pr
     arm = {"model": "/runs/v6", "penalties": {"frequency_penalty": 0.1, "repetition_penalty": 1.1}, "template": "rstar", "problems": 300}
     assert arm_label(arm) == "v6\nfreq. pen. 0.1\nrep. pen. 1.1\n(rstar, 300)"
     assert arm_label({**arm, "model": "default", "penalties": {}, "template": "native"}) == "default\n(native, 300)"
+    served = {**arm, "model": "default", "penalties": {"repetition_penalty": 1.1}, "model_sampling_defaults": {"frequency_penalty": 0.1, "repetition_penalty": 1.2}}
+    assert arm_label(served) == "default\nrep. pen. 1.1\nfreq. pen. 0.1 (served)\n(rstar, 300)"  # the arm's own value wins
