@@ -170,12 +170,17 @@ def parse_penalties(settings: list[str], where: str) -> dict[str, float]:
     return penalties
 
 
+def arm_name(model: str, penalties: dict[str, float]) -> str:
+    """The arm's name in a report: the model, then each penalty it sends."""
+    return " ".join([model, *(f"{k}={v:g}" for k, v in penalties.items())])
+
+
 def parse_arm(spec: str, limit_of_all: int | None = None) -> dict:
     """One --models entry, MODEL[:TEMPLATE[:LIMIT[:PENALTY=VALUE...]]], as the arm it runs (LIMIT, else --limit's);
     `arm` names it in the report."""
     model, template, limit, *settings = (spec.strip().split(":") + ["", ""])
     penalties = parse_penalties(settings, f"gsm8k_bench: --models {spec!r}")
-    return {"arm": " ".join([model, *(f"{k}={v:g}" for k, v in penalties.items())]), "model": model,
+    return {"arm": arm_name(model, penalties), "model": model,
             "template": template or "rstar", "limit": int(limit) if limit else limit_of_all, "penalties": penalties}
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 from goals import goal, write_report
-from gsm8k_bench import paired_bootstrap, parse_penalties
+from gsm8k_bench import arm_name, paired_bootstrap, parse_penalties
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -85,7 +85,7 @@ def parse_entry(spec: str) -> tuple[str, str, dict[str, float]]:
     """One --models entry, MODEL[:PENALTY=VALUE...], as (model, the arm's name in the report, penalties)."""
     model, *settings = spec.strip().split(":")
     penalties = parse_penalties(settings, f"tool_use_bench: --models {spec!r}")
-    return model, " ".join([model, *(f"{k}={v:g}" for k, v in penalties.items())]), penalties
+    return model, arm_name(model, penalties), penalties
 
 
 def evaluate(spec: str, problems: list[dict], concurrency: int, log_dir: Path) -> dict:

@@ -348,7 +348,7 @@ class InProcessChatClient:
         from rstar.server.agent_loop import LoopConfig, run_trajectory
         from rstar.server.engine import SamplingOptions
         from rstar.server.model_store import default_tool_protocol, model_sampling_defaults
-        from rstar.server.schemas import PENALTY_OFF
+        from rstar.server.schemas import resolve_penalties
         from rstar.server.tool_calls import parse_tool_calls
 
         builtin = params.template == RSTAR_TEMPLATE
@@ -361,11 +361,10 @@ class InProcessChatClient:
             tools=ToolSettings.of_protocol(default_tool_protocol(self.engine.model_name)),
         )
         # The penalties a run leaves to the model are what `rstar serve` would sample this model with.
-        served = {**PENALTY_OFF, **model_sampling_defaults(self.engine.model_name)}
+        given = {"frequency_penalty": params.frequency_penalty, "repetition_penalty": params.repetition_penalty}
         sampling = SamplingOptions(
             max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p, seed=params.seed,
-            frequency_penalty=served["frequency_penalty"] if params.frequency_penalty is None else params.frequency_penalty,
-            repetition_penalty=served["repetition_penalty"] if params.repetition_penalty is None else params.repetition_penalty,
+            **resolve_penalties(given, model_sampling_defaults(self.engine.model_name)),
         )
         template = self.template(params.template)
         # `tool_timeout` bounds each execution as the server's does; it needs a SandboxExecutor (with_timeout).

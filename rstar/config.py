@@ -139,9 +139,13 @@ class ApiSettings(BaseModel):
     @field_validator("sampling_defaults")
     @classmethod
     def _penalties_in_range(cls, defaults: dict[str, float] | None) -> dict[str, float] | None:
-        for name, value in (defaults or {}).items():  # the ranges the request fields take
-            if not (0 < value <= 2 if name == "repetition_penalty" else -2 <= value <= 2):
-                raise ValueError(f"{name} {value} is outside {'(0, 2]' if name == 'repetition_penalty' else '[-2, 2]'}")
+        # The request fields' own ranges; imported here because the server's modules import this one.
+        from rstar.server.schemas import SamplingFields
+
+        try:
+            SamplingFields.model_validate(defaults or {})
+        except ValidationError as exc:
+            raise ValueError("; ".join(f"{error['loc'][0]} {error['input']}: {error['msg']}" for error in exc.errors())) from None
         return defaults
 
 

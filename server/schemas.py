@@ -30,6 +30,11 @@ PENALTY_OFF = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_pe
 _MODEL_DEFAULT = "Default: the served model's (its sampling_defaults in /v1/models), else "
 
 
+def resolve_penalties(given: Mapping[str, float | None], model_defaults: Mapping[str, float]) -> dict[str, float]:
+    """Every penalty as sampled: the value given, else the model's default, else off."""
+    return {name: value if (value := given.get(name)) is not None else model_defaults.get(name, off) for name, off in PENALTY_OFF.items()}
+
+
 class SamplingFields(_Request):
     """The sampling fields every generating endpoint takes, and their one conversion into the engine's options
     (as vLLM's requests have `to_sampling_params`)."""
@@ -47,7 +52,7 @@ class SamplingFields(_Request):
     def sampling_options(self, max_tokens: int, model_defaults: Mapping[str, float]) -> SamplingOptions:
         """What one generation of this request samples, at most `max_tokens` tokens; the penalties it leaves
         out are the served model's `model_defaults`, else off."""
-        penalties = {name: value if (value := getattr(self, name)) is not None else model_defaults.get(name, off) for name, off in PENALTY_OFF.items()}
+        penalties = resolve_penalties({name: getattr(self, name) for name in PENALTY_OFF}, model_defaults)
         return SamplingOptions(
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), seed=self.seed, **penalties
         )
